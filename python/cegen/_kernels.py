@@ -1,0 +1,307 @@
+"""The one piece of code that launches cegen kernels on PyTorch tensors.
+
+Both the ``torch.library`` custom ops and the plain ``torch.autograd.Function`` path call
+these functions. They validate shapes, dtypes, strides and devices with messages that
+name the offending argument, describe each tensor to the runtime as a strided view (no
+copies, stride-0 upstream gradients included), allocate the outputs and launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Iterator, Optional, Sequence, Tuple
+
+import torch
+
+from . import _bundle_cache
+from ._errors import InvalidInputError
+from ._runtime import Device, DType, LabelLayout, Options, TensorDesc, get_runtime
+from ._variant import VariantKey, to_f32
+
+__all__ = [
+    "KernelOptions",
+    "token_shape",
+    "variant_layout",
+    "forward",
+    "backward",
+    "fused",
+    "poison_outputs",
+]
+
+_LOGITS_DTYPES = {torch.bfloat16: ("bf16", DType.BF16), torch.float16: ("f16", DType.F16),
+                  torch.float32: ("f32", DType.F32)}
+_LABEL_DTYPES = {torch.int32: ("i32", DType.I32), torch.int64: ("i64", DType.I64)}
+_ALL_DTYPES = {**_LOGITS_DTYPES, **_LABEL_DTYPES}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """The per-call options that select a kernel variant (besides dtypes and op).
+
+    Attributes:
+        ignore_index: labels equal to it get loss 0 and a zero gradient row; None: none.
+        label_smoothing: alpha of Megatron's smoothing formula, in [0, 1).
+        z_loss: coefficient of ``z * lse^2``, >= 0.
+        label_layout: ``"bs"`` (labels [B,S]) or ``"sb"`` (labels [S,B]) for [S,B,V] logits;
+            ignored for [N,V] logits.
+        bundle: an explicit bundle directory, or None for the cache.
+    """
+
+    ignore_index: Optional[int] = None
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    label_layout: str = "bs"
+    bundle: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.ignore_index is not None and not isinstance(self.ignore_index, int):
+            raise InvalidInputError(f"ignore_index must be an int or None, got {self.ignore_index!r}")
+        smoothing = float(self.label_smoothing)
+        if not 0.0 <= smoothing < 1.0:
+            raise InvalidInputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        z_loss = float(self.z_loss)
+        if not (z_loss >= 0.0 and z_loss != float("inf")):
+            raise InvalidInputError(f"z_loss must be finite and >= 0, got {self.z_loss}")
+        if self.label_layout not in ("bs", "sb"):
+            raise InvalidInputError(
+                f"label_layout must be 'bs' (labels [B,S]) or 'sb' (labels [S,B]), "
+                f"got {self.label_layout!r}"
+            )
+        object.__setattr__(self, "label_smoothing", to_f32(smoothing))
+        object.__setattr__(self, "z_loss", to_f32(z_loss))
+
+
+# -- test hook: poisoned outputs ----------------------------------------------------------
+
+_poison = False
+
+
+@contextlib.contextmanager
+def poison_outputs(enabled: bool = True) -> Iterator[None]:
+    """Fills every output buffer with NaN (or -1) before each launch; for tests."""
+    global _poison
+    previous, _poison = _poison, enabled
+    try:
+        yield
+    finally:
+        _poison = previous
+
+
+def _empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    tensor = torch.empty(tuple(shape), dtype=dtype, device=device)
+    if _poison:
+        tensor.fill_(float("nan") if dtype.is_floating_point else -1)
+    return tensor
+
+
+def _empty_like(tensor: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(tensor)  # keeps a dense input's strides, e.g. a transposed view
+    if _poison:
+        out.fill_(float("nan"))
+    return out
+
+
+# -- validation and description -----------------------------------------------------------
+
+
+def _device_of(tensor: torch.Tensor, name: str) -> Tuple[int, int]:
+    device = tensor.device
+    if device.type == "cpu":
+        return Device.HOST, 0
+    if device.type == "cuda":
+        raise InvalidInputError(
+            f"{name} is on {device}, but this cegen build launches host kernels only; "
+            "move the tensors to the CPU (GPU backends are not wired into the Python API yet)"
+        )
+    raise InvalidInputError(f"{name} is on device {device}; cegen runs on the CPU (host) only")
+
+
+def describe(tensor: torch.Tensor, name: str) -> TensorDesc:
+    """The runtime descriptor of ``tensor``: its data pointer, sizes and strides, as is."""
+    if not isinstance(tensor, torch.Tensor):
+        raise InvalidInputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    entry = _ALL_DTYPES.get(tensor.dtype)
+    if entry is None:
+        raise InvalidInputError(f"{name} has unsupported dtype {tensor.dtype}")
+    device, index = _device_of(tensor, name)
+    return TensorDesc.make(
+        tensor.data_ptr(), entry[1], tensor.shape, tensor.stride(), device, index
+    )
+
+
+def token_shape(logits_shape: Sequence[int], label_layout: str) -> Tuple[int, ...]:
+    """The per-token shape (of labels, loss, lse) for logits of ``logits_shape``."""
+    if len(logits_shape) == 2:
+        return (logits_shape[0],)
+    if len(logits_shape) == 3:
+        s, b = logits_shape[0], logits_shape[1]
+        return (b, s) if label_layout == "bs" else (s, b)
+    raise InvalidInputError(
+        f"logits must be [N, V] or [S, B, V], got a tensor of shape {tuple(logits_shape)}"
+    )
+
+
+def variant_layout(logits_ndim: int, label_layout: str) -> str:
+    """The variant key's ``layout`` field."""
+    if logits_ndim == 2:
+        return "flat"
+    return "sbv_bs" if label_layout == "bs" else "sbv_sb"
+
+
+def check_inputs(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions) -> Tuple[int, ...]:
+    """Validates logits and labels; returns the token shape."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        raise InvalidInputError("logits and labels must be torch.Tensor objects")
+    if logits.dtype not in _LOGITS_DTYPES:
+        raise InvalidInputError(
+            f"logits dtype {logits.dtype} is not supported; use bfloat16, float16 or float32"
+        )
+    if labels.dtype not in _LABEL_DTYPES:
+        raise InvalidInputError(f"labels dtype {labels.dtype} is not supported; use int64 or int32")
+    tokens = token_shape(logits.shape, options.label_layout)
+    if logits.shape[-1] < 1:
+        raise InvalidInputError(f"logits have an empty vocabulary dimension: {tuple(logits.shape)}")
+    if options.label_smoothing > 0.0 and logits.shape[-1] < 2:
+        raise InvalidInputError("label smoothing needs a vocabulary of at least 2 entries")
+    if tuple(labels.shape) != tokens:
+        layout = {2: "[N]", 3: "[B, S]" if options.label_layout == "bs" else "[S, B]"}
+        raise InvalidInputError(
+            f"labels of shape {tuple(labels.shape)} do not fit logits of shape "
+            f"{tuple(logits.shape)}: expected {layout[logits.dim()]} = {tokens}"
+            + (" (label_layout='" + options.label_layout + "')" if logits.dim() == 3 else "")
+        )
+    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
+        raise InvalidInputError(
+            f"the vocabulary dimension of the logits must have stride 1, got strides "
+            f"{tuple(logits.stride())}; pass logits.contiguous()"
+        )
+    if labels.device != logits.device:
+        raise InvalidInputError(f"labels are on {labels.device} but logits are on {logits.device}")
+    _device_of(logits, "logits")
+    return tokens
+
+
+def _check_token_tensor(tensor: torch.Tensor, name: str, tokens: Tuple[int, ...],
+                        device: torch.device) -> None:
+    if tuple(tensor.shape) != tokens:
+        raise InvalidInputError(f"{name} has shape {tuple(tensor.shape)}, expected {tokens}")
+    if tensor.device != device:
+        raise InvalidInputError(f"{name} is on {tensor.device} but logits are on {device}")
+
+
+def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
+    runtime_options = get_runtime().default_options()
+    runtime_options.has_ignore_index = 0 if options.ignore_index is None else 1
+    runtime_options.ignore_index = 0 if options.ignore_index is None else options.ignore_index
+    runtime_options.label_smoothing = options.label_smoothing
+    runtime_options.z_loss = options.z_loss
+    runtime_options.overwrite_input = 1 if overwrite else 0
+    runtime_options.label_layout = LabelLayout.BS if options.label_layout == "bs" else LabelLayout.SB
+    return runtime_options
+
+
+def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
+         overwrite: bool = False, weights: str = "none") -> VariantKey:
+    return VariantKey(
+        op=op,
+        logits=_LOGITS_DTYPES[logits.dtype][0],
+        labels=_LABEL_DTYPES[labels.dtype][0],
+        layout=variant_layout(logits.dim(), options.label_layout),
+        ignore_index=options.ignore_index,
+        label_smoothing=options.label_smoothing,
+        z_loss=options.z_loss,
+        overwrite=overwrite,
+        weights=weights,
+    )
+
+
+def _stream(device: torch.device) -> Optional[int]:
+    return None  # host kernels run synchronously on the calling thread
+
+
+# -- launches ------------------------------------------------------------------------------
+
+
+def forward(logits: torch.Tensor, labels: torch.Tensor,
+            options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss and lse (fp32, the labels' shape, contiguous)."""
+    tokens = check_inputs(logits, labels, options)
+    loss = _empty(tokens, torch.float32, logits.device)
+    lse = _empty(tokens, torch.float32, logits.device)
+    if loss.numel() == 0:
+        return loss, lse
+    runtime = get_runtime()
+    bundle = _bundle_cache.bundle_for(_key("forward", logits, labels, options), options.bundle)
+    runtime.forward(
+        bundle, _runtime_options(options, False), describe(logits, "logits"),
+        describe(labels, "labels"), describe(loss, "loss"), describe(lse, "lse"),
+        _stream(logits.device),
+    )
+    return loss, lse
+
+
+def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+             grad_loss: torch.Tensor, options: KernelOptions,
+             overwrite: bool) -> Optional[torch.Tensor]:
+    """The gradient w.r.t. the logits for the upstream per-token ``grad_loss``.
+
+    ``grad_loss`` may have any strides, 0 included (``loss.sum()``'s gradient); it is
+    described as is. With ``overwrite`` the gradient is written over ``logits`` and None
+    is returned; the caller has checked that the logits may be overwritten.
+    """
+    tokens = check_inputs(logits, labels, options)
+    _check_token_tensor(lse, "lse", tokens, logits.device)
+    _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
+    if lse.dtype != torch.float32:
+        raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
+    if grad_loss.dtype != torch.float32:
+        grad_loss = grad_loss.float()  # the kernels read an fp32 upstream gradient
+    grad = None if overwrite else _empty_like(logits)
+    if lse.numel() == 0:
+        return grad
+    runtime = get_runtime()
+    key = _key("backward", logits, labels, options, overwrite=overwrite)
+    bundle = _bundle_cache.bundle_for(key, options.bundle)
+    runtime.backward(
+        bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
+        describe(labels, "labels"), describe(lse, "lse"), describe(grad_loss, "grad_loss"),
+        None if grad is None else describe(grad, "grad"), _stream(logits.device),
+    )
+    return grad
+
+
+def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+          options: KernelOptions,
+          overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel.
+
+    ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
+    tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
+    written over ``logits`` and None is returned in its place.
+    """
+    tokens = check_inputs(logits, labels, options)
+    if weights.dim() == 0:
+        kind = "scalar"
+        if weights.device != logits.device:
+            raise InvalidInputError(f"weights are on {weights.device} but logits are on {logits.device}")
+    else:
+        kind = "token"
+        _check_token_tensor(weights, "grad_weights", tokens, logits.device)
+    if weights.dtype != torch.float32:
+        weights = weights.float()
+    loss = _empty(tokens, torch.float32, logits.device)
+    lse = _empty(tokens, torch.float32, logits.device)
+    grad = None if overwrite else _empty_like(logits)
+    if loss.numel() == 0:
+        return loss, lse, grad
+    runtime = get_runtime()
+    key = _key("fused", logits, labels, options, overwrite=overwrite, weights=kind)
+    bundle = _bundle_cache.bundle_for(key, options.bundle)
+    runtime.fused(
+        bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
+        describe(labels, "labels"), describe(weights, "grad_weights"), describe(loss, "loss"),
+        describe(lse, "lse"), None if grad is None else describe(grad, "grad"),
+        _stream(logits.device),
+    )
+    return loss, lse, grad

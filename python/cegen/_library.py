@@ -1,0 +1,164 @@
+"""The kernels as ``torch.library`` custom ops, where the installed PyTorch has them.
+
+With ``torch.library.custom_op`` (PyTorch >= 2.4) every launch is a registered operator
+``cegen::<name>`` with a fake (meta) implementation, so ``torch.compile`` and CUDA graphs
+can trace it, and the variants that write the gradient over the logits declare that
+mutation (``mutates_args=("logits",)``). Autograd is not registered on the ops (PyTorch
+refuses it for mutating ops); ``cegen.ops`` wraps them in a ``torch.autograd.Function``.
+
+Without ``custom_op`` (e.g. PyTorch 1.13) the same Python functions are called directly.
+Either way the implementation is ``cegen._kernels``: one kernel-calling path.
+"""
+
+# No `from __future__ import annotations`: custom_op infers each op's schema from the
+# annotations, which must be real types.
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _kernels
+from ._kernels import KernelOptions
+
+__all__ = [
+    "HAS_CUSTOM_OP",
+    "forward",
+    "backward",
+    "backward_overwrite",
+    "fused",
+    "fused_overwrite",
+]
+
+#: Whether the kernels are registered as ``torch.library`` custom ops.
+HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "register_fake")
+
+
+def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+             label_layout: str, bundle: Optional[str]) -> KernelOptions:
+    return KernelOptions(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+
+
+# -- implementations (schema-friendly signatures: tensors and primitives only) -------------
+
+
+def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
+                 label_smoothing: float, z_loss: float, label_layout: str,
+                 bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """Per-token (loss, lse)."""
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    return _kernels.forward(logits, labels, options)
+
+
+def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
+                  ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                  label_layout: str, bundle: Optional[str]) -> Tensor:
+    """The gradient in a fresh tensor."""
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False)
+    assert grad is not None
+    return grad
+
+
+def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
+                            ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                            label_layout: str, bundle: Optional[str]) -> None:
+    """The gradient written over ``logits``."""
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True)
+
+
+def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
+               label_smoothing: float, z_loss: float, label_layout: str,
+               bundle: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+    """(loss, lse, weighted gradient in a fresh tensor)."""
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    loss, lse, grad = _kernels.fused(logits, labels, weights, options, overwrite=False)
+    assert grad is not None
+    return loss, lse, grad
+
+
+def fused_overwrite_impl(logits: Tensor, labels: Tensor, weights: Tensor,
+                         ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                         label_layout: str, bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """(loss, lse); the weighted gradient is written over ``logits``."""
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    loss, lse, _ = _kernels.fused(logits, labels, weights, options, overwrite=True)
+    return loss, lse
+
+
+# -- fake (meta) implementations: shapes and dtypes only -------------------------------------
+
+
+def _token_outputs(logits: Tensor, label_layout: str) -> Tuple[Tensor, Tensor]:
+    tokens = _kernels.token_shape(logits.shape, label_layout)
+    return (logits.new_empty(tokens, dtype=torch.float32),
+            logits.new_empty(tokens, dtype=torch.float32))
+
+
+def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
+                 label_smoothing: float, z_loss: float, label_layout: str,
+                 bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """Fake of :func:`forward_impl`."""
+    return _token_outputs(logits, label_layout)
+
+
+def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
+                  ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                  label_layout: str, bundle: Optional[str]) -> Tensor:
+    """Fake of :func:`backward_impl`."""
+    return torch.empty_like(logits)
+
+
+def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
+                            ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                            label_layout: str, bundle: Optional[str]) -> None:
+    """Fake of :func:`backward_overwrite_impl`."""
+    return None
+
+
+def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
+               label_smoothing: float, z_loss: float, label_layout: str,
+               bundle: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fake of :func:`fused_impl`."""
+    loss, lse = _token_outputs(logits, label_layout)
+    return loss, lse, torch.empty_like(logits)
+
+
+def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
+                         ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                         label_layout: str, bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """Fake of :func:`fused_overwrite_impl`."""
+    return _token_outputs(logits, label_layout)
+
+
+# -- registration ---------------------------------------------------------------------------
+
+_SPECS = (
+    # (name, implementation, fake, mutated arguments)
+    ("forward", forward_impl, forward_fake, ()),
+    ("backward", backward_impl, backward_fake, ()),
+    ("backward_overwrite", backward_overwrite_impl, backward_overwrite_fake, ("logits",)),
+    ("fused", fused_impl, fused_fake, ()),
+    ("fused_overwrite", fused_overwrite_impl, fused_overwrite_fake, ("logits",)),
+)
+
+
+def _register() -> dict:
+    ops = {}
+    for name, impl, fake, mutates in _SPECS:
+        if HAS_CUSTOM_OP:
+            op = torch.library.custom_op(f"cegen::{name}", mutates_args=mutates)(impl)
+            op.register_fake(fake)
+            ops[name] = op
+        else:
+            ops[name] = impl
+    return ops
+
+
+_OPS = _register()
+
+forward = _OPS["forward"]
+backward = _OPS["backward"]
+backward_overwrite = _OPS["backward_overwrite"]
+fused = _OPS["fused"]
+fused_overwrite = _OPS["fused_overwrite"]

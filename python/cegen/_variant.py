@@ -1,0 +1,92 @@
+"""Kernel variant keys, spelled exactly as ``ce::KernelVariantKey::str()`` spells them.
+
+``runtime/include/ce/runtime/VariantKey.h`` is the reference; ``docs/bundle-format.md``
+documents the fields. Python needs the same string to tell which bundle holds a kernel
+and to ask ``ce-gen`` for a missing one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import List, Optional
+
+__all__ = ["VariantKey", "format_f32", "to_f32"]
+
+OPS = ("forward", "backward", "fused")
+LOGITS_TYPES = ("bf16", "f16", "f32")
+LABEL_TYPES = ("i32", "i64")
+LAYOUTS = ("flat", "sbv_bs", "sbv_sb")
+WEIGHTS = ("none", "scalar", "token")
+
+
+def to_f32(value: float) -> float:
+    """Rounds a Python float to the nearest f32, as the C API's ``float`` fields do."""
+    return struct.unpack("<f", struct.pack("<f", float(value)))[0]
+
+
+def format_f32(value: float) -> str:
+    """Prints an f32 with ``%.9g``, which reads back to the same bits (``formatF32``)."""
+    return "%.9g" % to_f32(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class VariantKey:
+    """Everything that selects one compiled kernel (shapes and strides do not).
+
+    Field values use the manifest's spelling, e.g. ``logits="bf16"``, ``layout="sbv_bs"``.
+    """
+
+    op: str
+    logits: str
+    labels: str
+    layout: str
+    ignore_index: Optional[int] = None
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    overwrite: bool = False
+    weights: str = "none"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("op", OPS),
+            ("logits", LOGITS_TYPES),
+            ("labels", LABEL_TYPES),
+            ("layout", LAYOUTS),
+            ("weights", WEIGHTS),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"variant key field {name}={value!r}: expected one of {allowed}")
+        if (self.op == "fused") != (self.weights != "none"):
+            raise ValueError(
+                f"variant key: weights={self.weights!r} does not fit op={self.op!r} "
+                "(fused kernels take scalar or token weights, the others none)"
+            )
+        if self.op == "forward" and self.overwrite:
+            raise ValueError("variant key: a forward kernel writes no gradient to overwrite with")
+
+    def __str__(self) -> str:
+        ignore = "none" if self.ignore_index is None else str(int(self.ignore_index))
+        return (
+            f"op={self.op},logits={self.logits},labels={self.labels},layout={self.layout},"
+            f"ignore_index={ignore},label_smoothing={format_f32(self.label_smoothing)},"
+            f"z_loss={format_f32(self.z_loss)},overwrite={1 if self.overwrite else 0},"
+            f"weights={self.weights}"
+        )
+
+    def ce_gen_options(self) -> List[str]:
+        """The ``ce-gen`` options that ask for exactly this kernel (target and output aside)."""
+        options = [
+            f"--op={self.op}",
+            f"--logits={self.logits}",
+            f"--labels={self.labels}",
+            f"--layout={self.layout}",
+            "--ignore-index=" + ("none" if self.ignore_index is None else str(int(self.ignore_index))),
+            f"--label-smoothing={format_f32(self.label_smoothing)}",
+            f"--z-loss={format_f32(self.z_loss)}",
+            f"--overwrite={1 if self.overwrite else 0}",
+        ]
+        if self.weights != "none":
+            options.append(f"--weights={self.weights}")
+        return options

@@ -1,0 +1,350 @@
+"""Megatron-Core integration: cegen kernels in ``LanguageModule.compute_language_model_loss``.
+
+Usage in a Megatron training script::
+
+    from cegen import megatron as turbo_ce
+
+    def extra_args(parser):
+        return turbo_ce.add_turbo_ce_args(parser)
+
+    # after Megatron parsed the arguments (initialize_megatron / get_args()):
+    turbo_ce.install(get_args())
+    pretrain(..., extra_args_provider=extra_args)
+
+Megatron's contract (``megatron/core/models/common/language_module/language_module.py``):
+``compute_language_model_loss(self, labels, logits)`` takes labels ``[B, S]`` and logits
+``[S, B, V]`` and returns the per-token loss ``[B, S]`` in float32. The patched method
+keeps that contract: the kernels read the ``[B, S]`` labels in place (no transposed copy)
+and write the ``[B, S]`` loss directly. It runs cegen only when
+
+* ``--use-turbo-cross-entropy`` is on (otherwise nothing is patched),
+* the tensor-parallel size is 1 (the logits hold the whole vocabulary),
+* ``config.cross_entropy_loss_fusion`` is on (the user asked for a fused loss),
+* the logits are bf16/fp16/fp32 ``[S, B, V]`` with unit vocabulary stride, the labels
+  int64/int32 ``[B, S]``, on a device this build launches on (the CPU for now),
+* the runtime library can be loaded;
+
+every other case calls the original implementation unchanged and logs why, once per
+reason (logger ``cegen.megatron``). No environment variable enables or changes any of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import logging
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Type
+
+import torch
+
+from ._runtime import runtime_available
+from .ops import cross_entropy_vouched
+
+__all__ = [
+    "TurboCESettings",
+    "DEFAULTS_FILE",
+    "add_turbo_ce_args",
+    "load_settings",
+    "settings_from_args",
+    "install",
+    "uninstall",
+    "is_installed",
+    "supported_case",
+    "reset_fallback_log",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The packaged defaults (lowest precedence).
+DEFAULTS_FILE = Path(__file__).with_name("megatron_defaults.yaml")
+#: The section of a YAML file that holds the settings (top-level keys are accepted too).
+YAML_SECTION = "turbo_cross_entropy"
+#: The option that names an experiment YAML on the command line.
+YAML_OPTION = "--turbo-ce-yaml"
+
+_LANGUAGE_MODULE_PATH = "megatron.core.models.common.language_module.language_module"
+
+
+@dataclasses.dataclass(frozen=True)
+class TurboCESettings:
+    """The integration's settings (the training arguments, by their ``args`` names)."""
+
+    use_turbo_cross_entropy: bool = False
+    turbo_ce_overwrite_input: bool = False
+
+
+_SETTING_NAMES = tuple(field.name for field in dataclasses.fields(TurboCESettings))
+
+
+# -- settings: defaults YAML < experiment YAML < command line ----------------------------
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    import yaml  # PyYAML; only needed when a YAML file is read
+
+    try:
+        with open(path, "r", encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except OSError as error:
+        raise ValueError(f"cannot read turbo cross-entropy settings from {path}: {error}") from error
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path} is not valid YAML: {error}") from error
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _settings_in(data: Mapping[str, Any], path: Path) -> Dict[str, bool]:
+    """The settings a YAML mapping gives: its section, else matching top-level keys."""
+    found: Dict[str, Any] = {}
+    section = data.get(YAML_SECTION)
+    if section is not None:
+        if not isinstance(section, dict):
+            raise ValueError(f"{path}: '{YAML_SECTION}' must be a mapping")
+        for key, value in section.items():
+            name = str(key).replace("-", "_")
+            if name not in _SETTING_NAMES:
+                raise ValueError(
+                    f"{path}: unknown setting '{key}' in '{YAML_SECTION}'; known: {list(_SETTING_NAMES)}"
+                )
+            found[name] = value
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in _SETTING_NAMES:
+            found.setdefault(name, value)
+    for name, value in found.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: '{name}' must be true or false, got {value!r}")
+    return found
+
+
+def load_settings(experiment_yaml: Optional["str | Path"] = None,
+                  defaults_yaml: Path = DEFAULTS_FILE) -> TurboCESettings:
+    """The settings from the defaults YAML, overridden by an experiment YAML if given."""
+    values: Dict[str, bool] = {}
+    values.update(_settings_in(_read_yaml(defaults_yaml), defaults_yaml))
+    if experiment_yaml is not None:
+        path = Path(experiment_yaml).expanduser()
+        values.update(_settings_in(_read_yaml(path), path))
+    return TurboCESettings(**values)
+
+
+def _peek_option(argv: Sequence[str], option: str) -> Optional[str]:
+    """The value of ``option`` in ``argv`` (``--opt V`` or ``--opt=V``), the last one wins."""
+    value = None
+    for index, token in enumerate(argv):
+        if token == option and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif token.startswith(option + "="):
+            value = token[len(option) + 1:]
+    return value
+
+
+def add_turbo_ce_args(parser: argparse.ArgumentParser, *,
+                      experiment_yaml: Optional["str | Path"] = None,
+                      argv: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """Megatron ``extra_args_provider``: declares the turbo cross-entropy arguments.
+
+    The arguments' defaults come from ``megatron_defaults.yaml``, overridden by the
+    experiment YAML (``experiment_yaml``, or ``--turbo-ce-yaml PATH`` found in ``argv``,
+    which defaults to ``sys.argv[1:]``); the command line overrides both, in either
+    direction (``--use-turbo-cross-entropy`` / ``--no-use-turbo-cross-entropy``).
+    """
+    if experiment_yaml is None:
+        experiment_yaml = _peek_option(sys.argv[1:] if argv is None else argv, YAML_OPTION)
+    settings = load_settings(experiment_yaml)
+    group = parser.add_argument_group(
+        title="turbo cross entropy", description="cegen's fused softmax cross-entropy kernels"
+    )
+    group.add_argument(
+        YAML_OPTION, type=str, default=None, metavar="PATH",
+        help="Experiment YAML with turbo cross-entropy settings (a 'turbo_cross_entropy' "
+             "section or top-level keys); it overrides megatron_defaults.yaml and the command "
+             "line overrides it.",
+    )
+    group.add_argument(
+        "--use-turbo-cross-entropy", action=argparse.BooleanOptionalAction,
+        default=settings.use_turbo_cross_entropy,
+        help="Compute the language-model loss with cegen's fused cross-entropy kernels when "
+             "the case is supported (tensor-parallel size 1, --cross-entropy-loss-fusion, "
+             "bf16/fp16/fp32 logits); other cases keep Megatron's implementation.",
+    )
+    group.add_argument(
+        "--turbo-ce-overwrite-input", action=argparse.BooleanOptionalAction,
+        default=settings.turbo_ce_overwrite_input,
+        help="Write the loss gradient over the logits' storage (saves one [s, b, v] buffer); "
+             "after the backward pass the logits hold the gradient.",
+    )
+    return parser
+
+
+def settings_from_args(args: Any = None) -> TurboCESettings:
+    """Settings from a parsed namespace (``None``: Megatron's ``get_args()``)."""
+    if isinstance(args, TurboCESettings):
+        return args
+    if args is None:
+        from megatron.training import get_args  # type: ignore[import-not-found]
+
+        args = get_args()
+    values = {name: bool(getattr(args, name, False)) for name in _SETTING_NAMES}
+    return TurboCESettings(**values)
+
+
+# -- dispatch -------------------------------------------------------------------------------
+
+_SUPPORTED_LOGITS = (torch.bfloat16, torch.float16, torch.float32)
+_SUPPORTED_LABELS = (torch.int64, torch.int32)
+_SUPPORTED_DEVICES = ("cpu",)
+
+_logged: Set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def reset_fallback_log() -> None:
+    """Lets every fallback reason be logged again (for tests)."""
+    with _logged_lock:
+        _logged.clear()
+
+
+def _log_fallback(reason: str) -> None:
+    with _logged_lock:
+        if reason in _logged:
+            return
+        _logged.add(reason)
+    logger.warning("turbo cross-entropy falls back to Megatron's implementation: %s", reason)
+
+
+def _group_size(group: Any) -> Optional[int]:
+    size = getattr(group, "size", None)
+    if callable(size):
+        try:
+            return int(size())
+        except Exception:
+            pass
+    distributed = torch.distributed
+    if distributed.is_available() and distributed.is_initialized():
+        return int(distributed.get_world_size(group=group))
+    return None
+
+
+def _tensor_parallel_size(module: Any) -> int:
+    """The tensor-parallel size the module runs under (its group, else its config)."""
+    sizes = []
+    config_size = getattr(getattr(module, "config", None), "tensor_model_parallel_size", None)
+    if isinstance(config_size, int):
+        sizes.append(config_size)
+    group = getattr(module, "tp_group", None)
+    if group is None:
+        group = getattr(getattr(module, "pg_collection", None), "tp", None)
+    if group is not None:
+        size = _group_size(group)
+        if size is not None:
+            sizes.append(size)
+    return max(sizes) if sizes else 1
+
+
+def supported_case(module: Any, labels: Any, logits: Any) -> Optional[str]:
+    """Why cegen cannot compute this loss (the fallback reason), or None when it can."""
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "cross_entropy_loss_fusion"):
+        return "the module's config has no cross_entropy_loss_fusion field"
+    if not config.cross_entropy_loss_fusion:
+        return "cross_entropy_loss_fusion is off (enable --cross-entropy-loss-fusion)"
+    tp_size = _tensor_parallel_size(module)
+    if tp_size != 1:
+        return f"tensor-parallel size is {tp_size}; vocab-parallel logits need TP size 1"
+    if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return "labels or logits are not tensors"
+    if logits.dtype not in _SUPPORTED_LOGITS:
+        return f"logits dtype {logits.dtype} is not supported (bf16, fp16, fp32 are)"
+    if labels.dtype not in _SUPPORTED_LABELS:
+        return f"labels dtype {labels.dtype} is not supported (int64, int32 are)"
+    if logits.dim() != 3 or labels.dim() != 2 or tuple(labels.shape) != (logits.shape[1], logits.shape[0]):
+        return (f"shapes labels {tuple(labels.shape)} / logits {tuple(logits.shape)} are not "
+                "[b, s] / [s, b, v]")
+    if logits.device.type not in _SUPPORTED_DEVICES or labels.device != logits.device:
+        return (f"logits on {logits.device} and labels on {labels.device}: this cegen build "
+                f"launches on {', '.join(_SUPPORTED_DEVICES)} only")
+    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
+        return "the logits' vocabulary dimension is not contiguous"
+    if not runtime_available():
+        return "the cegen runtime library (libce_runtime.so) cannot be found or loaded"
+    return None
+
+
+#: References to the logits that Megatron's callers of compute_language_model_loss hold
+#: and never read after the backward pass: the local variable ``logits`` in
+#: GPTModel._postprocess (``mtp_logits`` in process_mtp_loss). Its readers after the loss
+#: (MTP acceptance counts) run in the forward, before the gradient is written.
+_MEGATRON_CALLER_REFS = 1
+
+
+def _make_patched(original: Callable[..., torch.Tensor],
+                  settings: TurboCESettings) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def compute_language_model_loss(self: Any, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        python_refs = sys.getrefcount(logits)  # first statement: see cegen._ownership
+        reason = supported_case(self, labels, logits)
+        if reason is not None:
+            _log_fallback(reason)
+            return original(self, labels, logits)
+        return cross_entropy_vouched(
+            logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
+            label_layout="bs", overwrite_input=settings.turbo_ce_overwrite_input,
+        )
+
+    compute_language_model_loss._cegen_original = original  # type: ignore[attr-defined]
+    compute_language_model_loss._cegen_settings = settings  # type: ignore[attr-defined]
+    return compute_language_model_loss
+
+
+def _language_module_class() -> Type[Any]:
+    import importlib
+
+    return importlib.import_module(_LANGUAGE_MODULE_PATH).LanguageModule
+
+
+def is_installed(language_module_cls: Optional[Type[Any]] = None) -> bool:
+    """Whether ``compute_language_model_loss`` is patched."""
+    cls = language_module_cls or _language_module_class()
+    return hasattr(cls.__dict__.get("compute_language_model_loss"), "_cegen_original")
+
+
+def install(args: Any = None, *, language_module_cls: Optional[Type[Any]] = None) -> bool:
+    """Patches ``LanguageModule.compute_language_model_loss`` when the settings enable it.
+
+    Args:
+        args: Megatron's parsed arguments, a :class:`TurboCESettings`, or None for
+            ``megatron.training.get_args()``.
+        language_module_cls: the class to patch (default: Megatron-Core's LanguageModule).
+
+    Returns:
+        Whether the patch is in place. With ``--use-turbo-cross-entropy`` off nothing is
+        patched (a previous patch is removed) and Megatron runs exactly as without cegen.
+    """
+    settings = settings_from_args(args)
+    cls = language_module_cls or _language_module_class()
+    uninstall(cls)
+    if not settings.use_turbo_cross_entropy:
+        logger.info("turbo cross-entropy is off (--use-turbo-cross-entropy not given)")
+        return False
+    original = cls.compute_language_model_loss
+    cls.compute_language_model_loss = _make_patched(original, settings)
+    logger.info("turbo cross-entropy installed on %s.compute_language_model_loss "
+                "(overwrite_input=%s)", cls.__name__, settings.turbo_ce_overwrite_input)
+    return True
+
+
+def uninstall(language_module_cls: Optional[Type[Any]] = None) -> None:
+    """Restores the original ``compute_language_model_loss`` if it was patched."""
+    cls = language_module_cls or _language_module_class()
+    current = cls.__dict__.get("compute_language_model_loss")
+    original = getattr(current, "_cegen_original", None)
+    if original is not None:
+        cls.compute_language_model_loss = original

@@ -1,0 +1,248 @@
+"""``cegen.cross_entropy``: fused softmax cross-entropy with autograd.
+
+Two modes:
+
+* forward + backward (default): the forward kernel returns the per-token loss and keeps the
+  per-token log-sum-exp; ``loss.backward()`` launches the backward kernel with the upstream
+  per-token gradient, read through its strides (the stride-0 gradient of ``loss.sum()``
+  included) without a copy.
+* fused (``grad_weights=`` given): the gradient weights are known when the forward runs, so
+  one kernel computes the loss and ``grad_weights_t * dloss_t/dlogits``; backward only
+  rescales it when the upstream gradient differs from the weights (see
+  :func:`_rescale_fused_gradient`).
+
+With ``overwrite_input=True`` the gradient is written over the logits' storage when
+``cegen._ownership`` finds the logits exclusively owned; otherwise it goes to a fresh
+buffer and an :class:`OverwriteRefusedWarning` says why, once per reason.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Optional, Tuple, Union
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _library
+from ._errors import CegenError, InvalidInputError
+from ._kernels import KernelOptions, check_inputs
+from ._ownership import bump_version, overwrite_refusal, warn_refused
+from ._runtime import Bundle
+
+__all__ = ["cross_entropy", "cross_entropy_vouched"]
+
+GradWeights = Union[None, float, int, torch.Tensor]
+BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
+
+
+def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
+    return (options.ignore_index, options.label_smoothing, options.z_loss,
+            options.label_layout, options.bundle)
+
+
+def _per_token_column(values: torch.Tensor, logits_ndim: int, label_layout: str) -> torch.Tensor:
+    """Per-token ``values`` shaped to broadcast over the logits' vocabulary dimension."""
+    if logits_ndim == 3 and label_layout == "bs":
+        values = values.transpose(0, 1)  # [B,S] -> [S,B], a view
+    return values.unsqueeze(-1)
+
+
+def _rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss: torch.Tensor,
+                            label_layout: str) -> torch.Tensor:
+    """Turns the fused kernel's ``w_t * dloss_t/dx`` into ``g_t * dloss_t/dx``, in place.
+
+    ``g`` is the upstream gradient that autograd delivers. Where ``g == w`` (the intended
+    use: the weights are the upstream gradient, known ahead) nothing is touched; a uniform
+    ratio costs one scaling pass, a per-token ratio one broadcast multiply. A token with
+    weight 0 has no gradient to rescale, so it must also get upstream gradient 0.
+    """
+    g = grad_loss.to(torch.float32)
+    w = weights.to(torch.float32)
+    zero_weight = w == 0
+    if bool(torch.any(zero_weight & (g != 0))):
+        raise CegenError(
+            "fused cross_entropy: the upstream gradient is non-zero for a token whose "
+            "grad_weights entry is 0, so its gradient was never computed; make grad_weights "
+            "the gradient the loss will receive (e.g. the loss mask divided by the token count)"
+        )
+    ratio = torch.where(zero_weight, torch.zeros_like(g), g / torch.where(zero_weight, torch.ones_like(w), w))
+    if bool(torch.all(ratio == 1)):
+        return grad
+    first = ratio.reshape(-1)[:1]
+    if ratio.numel() > 0 and bool(torch.all(ratio == first)):
+        return grad.mul_(float(first))
+    return grad.mul_(_per_token_column(ratio, grad.dim(), label_layout))
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    """Forward kernel now, backward kernel in ``backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                options: KernelOptions, overwrite: bool) -> torch.Tensor:
+        loss, lse = _library.forward(logits, labels, *_op_args(options))
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.options = options
+        ctx.overwrite = overwrite
+        ctx.mark_non_differentiable(lse)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        logits, labels, lse = ctx.saved_tensors
+        if ctx.overwrite:
+            _library.backward_overwrite(logits, labels, lse, grad_loss, *_op_args(ctx.options))
+            bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
+            grad = logits.detach()
+        else:
+            grad = _library.backward(logits, labels, lse, grad_loss, *_op_args(ctx.options))
+        return grad, None, None, None
+
+
+class _FusedCrossEntropyFunction(torch.autograd.Function):
+    """One kernel computes loss and gradient; ``backward`` returns (rescales) it."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                weights: torch.Tensor, options: KernelOptions, overwrite: bool) -> torch.Tensor:
+        if overwrite:
+            loss, lse = _library.fused_overwrite(logits, labels, weights, *_op_args(options))
+            bump_version(logits)
+            grad = logits.detach()
+        else:
+            loss, lse, grad = _library.fused(logits, labels, weights, *_op_args(options))
+        # Saved (not kept as an attribute) so that a later in-place change of the logits'
+        # storage is caught by autograd's version check instead of returned as gradient.
+        ctx.save_for_backward(grad, weights)
+        ctx.label_layout = options.label_layout
+        ctx.used = False
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        if ctx.used:
+            raise CegenError(
+                "fused cross_entropy: backward ran twice over one forward (retain_graph=True); "
+                "the gradient was computed once in the forward and is handed out once"
+            )
+        ctx.used = True
+        grad, weights = ctx.saved_tensors
+        grad = _rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
+        return grad, None, None, None, None
+
+
+def _bundle_path(bundle: BundleArg) -> Optional[str]:
+    if bundle is None:
+        return None
+    if isinstance(bundle, Bundle):
+        return str(bundle.path)
+    if isinstance(bundle, (str, os.PathLike)):
+        return os.fspath(bundle)
+    raise InvalidInputError(
+        f"bundle must be a directory path or a cegen Bundle, got {type(bundle).__name__}"
+    )
+
+
+def _weights_tensor(grad_weights: GradWeights, logits: torch.Tensor) -> torch.Tensor:
+    if isinstance(grad_weights, torch.Tensor):
+        if not grad_weights.is_floating_point():
+            raise InvalidInputError(f"grad_weights must be floating point, got {grad_weights.dtype}")
+        return grad_weights.detach()
+    if isinstance(grad_weights, (int, float)) and not isinstance(grad_weights, bool):
+        return torch.tensor(float(grad_weights), dtype=torch.float32, device=logits.device)
+    raise InvalidInputError(
+        f"grad_weights must be a number or a tensor, got {type(grad_weights).__name__}"
+    )
+
+
+def cross_entropy_vouched(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    python_refs: int,
+    vouched_refs: int,
+    ignore_index: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    overwrite_input: bool = False,
+    label_layout: str = "bs",
+    grad_weights: GradWeights = None,
+    bundle: BundleArg = None,
+) -> torch.Tensor:
+    """:func:`cross_entropy` for integrations that measured the logits' references themselves.
+
+    ``python_refs`` is ``sys.getrefcount(logits)`` taken as the first statement of the
+    integration's entry point, and ``vouched_refs`` the references the integration knows
+    its caller holds and never reads again (see ``cegen._ownership``).
+    """
+    options = KernelOptions(ignore_index, label_smoothing, z_loss, label_layout,
+                            _bundle_path(bundle))
+    check_inputs(logits, labels, options)
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    overwrite = bool(overwrite_input) and needs_grad
+    if overwrite:
+        reason = overwrite_refusal(logits, python_refs, vouched_refs)
+        if reason is not None:
+            warn_refused(reason, stacklevel=4)
+            overwrite = False
+    if needs_grad and grad_weights is not None:
+        weights = _weights_tensor(grad_weights, logits)
+        return _FusedCrossEntropyFunction.apply(logits, labels, weights, options, overwrite)
+    if not needs_grad:
+        loss, _ = _library.forward(logits, labels, *_op_args(options))
+        return loss
+    return _CrossEntropyFunction.apply(logits, labels, options, overwrite)
+
+
+def cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    ignore_index: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    overwrite_input: bool = False,
+    label_layout: str = "bs",
+    grad_weights: GradWeights = None,
+    bundle: BundleArg = None,
+) -> torch.Tensor:
+    """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
+
+    Args:
+        logits: ``[N, V]`` or ``[S, B, V]`` (bfloat16, float16, float32) on the CPU; the
+            vocabulary dimension must have stride 1, the others may be anything (a
+            transposed ``[B, S, V]`` tensor passes as ``logits.transpose(0, 1)``).
+        labels: int64 or int32; ``[N]``, or for 3-D logits ``[B, S]`` (``label_layout="bs"``,
+            Megatron's) or ``[S, B]`` (``"sb"``); any strides, read in place.
+        ignore_index: labels equal to it get loss 0 and a zero gradient row.
+        label_smoothing: alpha in [0, 1) with Megatron's formula
+            ``s = alpha*V/(V-1)``, ``loss = (1-s)(lse - x_y) + s(lse - mean x)``.
+        z_loss: adds ``z_loss * lse^2`` per token.
+        overwrite_input: write the gradient over the logits' storage (saves an ``N*V``
+            buffer) when the logits are exclusively owned; the logits then hold the
+            gradient. Otherwise a warning says why not and a fresh buffer is used.
+        label_layout: ``"bs"`` or ``"sb"``, see ``labels``.
+        grad_weights: fused mode: the gradient each token's loss will receive (a number, or
+            a per-token tensor of the labels' shape), known now; the forward kernel then
+            computes the gradient too. Backward rescales it if the upstream gradient differs.
+        bundle: a bundle directory (or :class:`cegen.Bundle`) made by ``ce-gen`` to take the
+            kernels from; by default the cache finds or builds them.
+
+    Returns:
+        The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron).
+
+    Raises:
+        InvalidInputError (a ValueError): wrong shapes, strides, dtypes, devices, options.
+        LabelOutOfRangeError (a ValueError): a label outside [0, V) not the ignore_index.
+        CegenError: any other failure of the runtime or of building kernels.
+    """
+    python_refs = sys.getrefcount(logits)  # first statement: see cegen._ownership
+    return cross_entropy_vouched(
+        logits, labels, python_refs=python_refs, vouched_refs=0, ignore_index=ignore_index,
+        label_smoothing=label_smoothing, z_loss=z_loss, overwrite_input=overwrite_input,
+        label_layout=label_layout, grad_weights=grad_weights, bundle=bundle,
+    )
