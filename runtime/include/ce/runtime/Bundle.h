@@ -1,0 +1,73 @@
+//===- Bundle.h - An opened kernel bundle -----------------------*- C++ -*-===//
+//
+// Internal to the runtime (not installed). A Bundle is a validated manifest
+// plus the host code objects it names, opened with dlopen(RTLD_LOCAL) so that
+// two bundles never see each other's symbols. It is immutable once opened and
+// safe to share between threads.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_RUNTIME_BUNDLE_H
+#define CE_RUNTIME_BUNDLE_H
+
+#include "ce/runtime/Manifest.h"
+#include "ce/runtime/Status.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ce {
+
+/// The target name host kernels carry in a manifest.
+inline constexpr const char *kHostTarget = "host";
+
+class Bundle {
+public:
+  /// Opens the bundle in `directory`: reads and validates manifest.json,
+  /// checks that every object file exists, dlopens the host objects and
+  /// resolves every host kernel's symbol. Any failure is CE_ERROR_BUNDLE with
+  /// a message naming the file.
+  static Status open(const std::string &directory,
+                     std::unique_ptr<Bundle> &bundle);
+
+  Bundle(const Bundle &) = delete;
+  Bundle &operator=(const Bundle &) = delete;
+  ~Bundle();
+
+  /// A process-unique id; never reused, unlike the object's address.
+  uint64_t id() const { return bundleId; }
+  const std::string &directory() const { return bundleDirectory; }
+  const Manifest &manifest() const { return bundleManifest; }
+  const std::vector<KernelInfo> &kernels() const {
+    return bundleManifest.kernels;
+  }
+
+  /// The kernel for `target` with variant key `key`, or null.
+  const KernelInfo *findKernel(std::string_view target,
+                               std::string_view key) const;
+
+  /// The resolved entry point of a host kernel of this bundle, or null for
+  /// kernels of other targets.
+  void *hostEntry(const KernelInfo &kernel) const;
+
+private:
+  Bundle() = default;
+
+  uint64_t bundleId = 0;
+  std::string bundleDirectory;
+  Manifest bundleManifest;
+  /// (target, key) -> index into the manifest's kernels.
+  std::map<std::pair<std::string, std::string>, size_t> index;
+  /// dlopen handles, one per host object.
+  std::vector<void *> handles;
+  /// Host entry points, parallel to the manifest's kernels.
+  std::vector<void *> entries;
+};
+
+} // namespace ce
+
+#endif // CE_RUNTIME_BUNDLE_H

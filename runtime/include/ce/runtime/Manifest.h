@@ -1,0 +1,87 @@
+//===- Manifest.h - The parsed manifest.json of a bundle --------*- C++ -*-===//
+//
+// Internal to the runtime (not installed). Turns manifest.json text into
+// checked structures per docs/bundle-format.md, version 1. Everything a
+// launch relies on is validated here, once, when the bundle is opened.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_RUNTIME_MANIFEST_H
+#define CE_RUNTIME_MANIFEST_H
+
+#include "ce/runtime/Status.h"
+#include "ce/runtime/VariantKey.h"
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ce {
+
+/// The `format` string every manifest carries.
+inline constexpr const char *kBundleFormatName = "cegen-bundle";
+/// The only ABI version 1 defines.
+inline constexpr const char *kMemrefDescriptorAbi =
+    "memref-descriptor-pointers";
+
+/// What a kernel argument holds (the `role` of an `args` entry).
+enum class ArgRole { Logits, Labels, Loss, Lse, GradLoss, Weights, Grad, Status };
+
+/// The manifest spelling of `role` ("grad_loss", ...).
+const char *stringify(ArgRole role);
+
+/// One entry of a kernel's `args`.
+struct KernelArg {
+  ArgRole role = ArgRole::Logits;
+  int rank = 0;
+  ElemType dtype = ElemType::F32;
+};
+
+/// The `launch` object (zeros on the host).
+struct LaunchShape {
+  int64_t blockSize = 0;
+  int64_t rowsPerBlock = 0;
+  int64_t ldsBytes = 0;
+};
+
+/// One entry of `objects`.
+struct ObjectInfo {
+  std::string file; ///< Relative to the bundle directory.
+  std::string target;
+  std::string kind;
+};
+
+/// One entry of `kernels`.
+struct KernelInfo {
+  std::string key;
+  KernelVariantKey variant; ///< `key`, parsed.
+  std::string target;
+  std::string object; ///< An ObjectInfo::file of the same target.
+  std::string symbol;
+  std::string abi;
+  std::vector<KernelArg> args; ///< In call order.
+  LaunchShape launch;
+};
+
+/// A whole manifest.
+struct Manifest {
+  int64_t version = 0;
+  std::string generator; ///< Informational; may be empty.
+  std::vector<ObjectInfo> objects;
+  std::vector<KernelInfo> kernels;
+};
+
+/// The argument roles, in the canonical order of docs/bundle-format.md, that
+/// a kernel of `variant` takes.
+std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant);
+
+/// Parses and validates manifest text. `path` names the file in messages.
+/// Failures are CE_ERROR_BUNDLE with the path and, where it helps, the byte
+/// offset of the offending JSON.
+Status parseManifest(std::string_view text, const std::string &path,
+                     Manifest &manifest);
+
+} // namespace ce
+
+#endif // CE_RUNTIME_MANIFEST_H

@@ -1,0 +1,77 @@
+//===- Validation.h - Checking a launch request before any launch -*- C++ -*-===//
+//
+// Internal to the runtime (not installed). Every launch is validated in full
+// before a kernel is looked up or called: options, presence, ranks, shapes,
+// dtypes, strides, devices and memory overlap. A request that passes is
+// turned into a LaunchPlan: the variant key to look up and the tensors, by
+// role, as the kernel will see them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_RUNTIME_VALIDATION_H
+#define CE_RUNTIME_VALIDATION_H
+
+#include "ce/runtime/Manifest.h"
+#include "ce/runtime/Status.h"
+#include "ce/runtime/VariantKey.h"
+#include "ce/runtime/ce_runtime.h"
+
+#include <array>
+#include <cstdint>
+
+namespace ce {
+
+/// The arguments of one ce_forward/ce_backward/ce_fused call. Tensors an op
+/// does not take are null.
+struct LaunchRequest {
+  KernelOp op = KernelOp::Forward;
+  const ce_options *options = nullptr; ///< Null means the defaults.
+  const ce_tensor *logits = nullptr;
+  const ce_tensor *labels = nullptr;
+  const ce_tensor *loss = nullptr;
+  const ce_tensor *lse = nullptr;
+  const ce_tensor *gradLoss = nullptr;
+  const ce_tensor *weights = nullptr;
+  const ce_tensor *grad = nullptr;
+};
+
+/// A validated request.
+struct LaunchPlan {
+  /// The variant to look up.
+  KernelVariantKey variant;
+  /// The options in effect (the defaults when the request had none).
+  ce_options options;
+  ce_device_type device = CE_DEVICE_HOST;
+  int32_t deviceIndex = 0;
+  /// Number of tokens (N, or S*B) and vocabulary size (V).
+  int64_t numTokens = 0;
+  int64_t vocabSize = 0;
+  /// The token shape T: [N], [B,S] or [S,B].
+  int tokenRank = 1;
+  int64_t tokenSizes[2] = {0, 0};
+  /// Tensors by ArgRole, as the kernel sees them (the vocab stride of a
+  /// vocabulary of one is normalized to 1). Absent roles have null data and
+  /// `present` false.
+  std::array<ce_tensor, 8> tensors{};
+  std::array<bool, 8> present{};
+
+  const ce_tensor &tensor(ArgRole role) const {
+    return tensors[static_cast<int>(role)];
+  }
+  bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
+};
+
+/// Checks `request` and fills `plan`. Failures are
+/// CE_ERROR_INVALID_ARGUMENT with a message that names the tensor or option
+/// and the problem.
+Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan);
+
+/// Size in bytes of one element of `dtype` (0 for an invalid value).
+int64_t dtypeSize(ce_dtype dtype);
+
+/// The name of `dtype` ("bf16", ...), or "invalid dtype N".
+std::string dtypeName(ce_dtype dtype);
+
+} // namespace ce
+
+#endif // CE_RUNTIME_VALIDATION_H

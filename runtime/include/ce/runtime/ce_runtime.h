@@ -1,0 +1,115 @@
+/*===- ce_runtime.h - C API of the cegen runtime ---------------------------===*
+ *
+ * The runtime loads kernel bundles written by ce-gen (docs/bundle-format.md)
+ * and launches them on caller-owned tensors. It links neither MLIR nor LLVM.
+ * Every function returns a ce_status; on failure ce_last_error_message()
+ * gives a human-readable reason (thread-local, valid until the next call on
+ * the same thread). Nothing is launched when validation fails.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#ifndef CE_RUNTIME_CE_RUNTIME_H
+#define CE_RUNTIME_CE_RUNTIME_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CE_RUNTIME_BUNDLE_VERSION 1
+#define CE_MAX_RANK 3
+
+typedef enum ce_status {
+  CE_OK = 0,
+  CE_ERROR_INVALID_ARGUMENT = 1, /* shapes, strides, dtypes, options */
+  CE_ERROR_BUNDLE = 2,           /* missing, truncated, corrupt, too new */
+  CE_ERROR_VARIANT_NOT_FOUND = 3,
+  CE_ERROR_LABEL_OUT_OF_RANGE = 4,
+  CE_ERROR_NO_DEVICE = 5,
+  CE_ERROR_BACKEND = 6
+} ce_status;
+
+typedef enum ce_dtype {
+  CE_DTYPE_BF16 = 0,
+  CE_DTYPE_F16 = 1,
+  CE_DTYPE_F32 = 2,
+  CE_DTYPE_I32 = 3,
+  CE_DTYPE_I64 = 4
+} ce_dtype;
+
+typedef enum ce_device_type {
+  CE_DEVICE_HOST = 0,
+  CE_DEVICE_CUDA = 1,
+  CE_DEVICE_HIP = 2
+} ce_device_type;
+
+/* Which dimension order [S,B,V] logits' labels use; ignored for [N,V]. */
+typedef enum ce_label_layout {
+  CE_LABELS_BS = 0, /* labels [B,S]: Megatron's */
+  CE_LABELS_SB = 1  /* labels [S,B] */
+} ce_label_layout;
+
+/* A strided view. Strides are in elements and may be 0 (broadcast) for
+ * read-only per-token tensors. ndim 0 is a scalar. */
+typedef struct ce_tensor {
+  void *data;
+  ce_dtype dtype;
+  int32_t ndim;
+  int64_t sizes[CE_MAX_RANK];
+  int64_t strides[CE_MAX_RANK];
+  ce_device_type device;
+  int32_t device_index;
+} ce_tensor;
+
+typedef struct ce_options {
+  int32_t has_ignore_index;
+  int64_t ignore_index;
+  float label_smoothing; /* Megatron's formula, in [0, 1) */
+  float z_loss;          /* >= 0 */
+  int32_t overwrite_input;
+  ce_label_layout label_layout;
+} ce_options;
+
+typedef struct ce_bundle ce_bundle;
+
+/* Fills `options` with the defaults: no ignore_index, no smoothing, no
+ * z-loss, no overwrite, [B,S] labels. */
+void ce_options_init(ce_options *options);
+
+ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);
+void ce_bundle_close(ce_bundle *bundle);
+
+/* Number of kernels in the bundle, and the variant key of one of them. */
+int64_t ce_bundle_num_kernels(const ce_bundle *bundle);
+const char *ce_bundle_kernel_key(const ce_bundle *bundle, int64_t index);
+
+/* Per-token loss and log-sum-exp. `loss` and `lse` have the labels' shape. */
+ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
+                     const ce_tensor *logits, const ce_tensor *labels,
+                     const ce_tensor *loss, const ce_tensor *lse,
+                     void *stream);
+
+/* Gradient from the forward's lse and the upstream per-token gradient.
+ * With options->overwrite_input, `grad` must be NULL or describe exactly the
+ * logits, and the gradient is written over the logits. */
+ce_status ce_backward(ce_bundle *bundle, const ce_options *options,
+                      const ce_tensor *logits, const ce_tensor *labels,
+                      const ce_tensor *lse, const ce_tensor *grad_loss,
+                      const ce_tensor *grad, void *stream);
+
+/* Forward and backward in one kernel; `weights` (ndim 0, or the labels'
+ * shape) is the per-token gradient weight known at forward time. */
+ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
+                   const ce_tensor *logits, const ce_tensor *labels,
+                   const ce_tensor *weights, const ce_tensor *loss,
+                   const ce_tensor *lse, const ce_tensor *grad, void *stream);
+
+const char *ce_last_error_message(void);
+const char *ce_status_string(ce_status status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CE_RUNTIME_CE_RUNTIME_H */

@@ -1,0 +1,145 @@
+//===- Bundle.cpp - Opening a kernel bundle -------------------------------===//
+//
+// Everything that can be checked without a device is checked when a bundle is
+// opened, so that a broken bundle fails at load time with a message about the
+// bundle rather than at the first launch with a message about a kernel.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/runtime/Bundle.h"
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <dlfcn.h>
+#include <fstream>
+#include <sstream>
+#include <sys/stat.h>
+
+namespace ce {
+
+namespace {
+
+/// Manifests are small; anything bigger than this is not a manifest.
+constexpr std::streamoff kMaxManifestBytes = 64 << 20;
+
+std::atomic<uint64_t> nextBundleId{1};
+
+std::string joinPath(const std::string &directory, const std::string &file) {
+  if (!directory.empty() && directory.back() == '/')
+    return directory + file;
+  return directory + "/" + file;
+}
+
+Status readFile(const std::string &path, std::string &contents) {
+  std::ifstream stream(path, std::ios::binary | std::ios::ate);
+  if (!stream)
+    return Status::bundleError("cannot open '" + path +
+                               "': " + std::strerror(errno));
+  std::streamoff size = stream.tellg();
+  if (size < 0 || size > kMaxManifestBytes)
+    return Status::bundleError("'" + path + "' is not a manifest (" +
+                               std::to_string(size) + " bytes)");
+  contents.resize(static_cast<size_t>(size));
+  stream.seekg(0);
+  if (!stream.read(contents.data(), size))
+    return Status::bundleError("cannot read '" + path + "'");
+  return Status::ok();
+}
+
+} // namespace
+
+Status Bundle::open(const std::string &directory,
+                    std::unique_ptr<Bundle> &result) {
+  result.reset();
+  std::unique_ptr<Bundle> bundle(new Bundle());
+  bundle->bundleId = nextBundleId.fetch_add(1);
+  bundle->bundleDirectory = directory;
+
+  struct stat info;
+  if (::stat(directory.c_str(), &info) != 0) {
+    if (errno == ENOENT)
+      return Status::bundleError("bundle directory '" + directory +
+                                 "' does not exist (ce-gen -o DIR writes one)");
+    return Status::bundleError("cannot access bundle directory '" + directory +
+                               "': " + std::strerror(errno));
+  }
+  if (!S_ISDIR(info.st_mode))
+    return Status::bundleError("bundle path '" + directory +
+                               "' is not a directory");
+
+  std::string manifestPath = joinPath(directory, "manifest.json");
+  if (::stat(manifestPath.c_str(), &info) != 0)
+    return Status::bundleError("no manifest.json in bundle directory '" +
+                               directory +
+                               "' (ce-gen -o DIR writes DIR/manifest.json)");
+  std::string text;
+  if (Status status = readFile(manifestPath, text); !status.isOk())
+    return status;
+  if (Status status = parseManifest(text, manifestPath, bundle->bundleManifest);
+      !status.isOk())
+    return status;
+
+  const Manifest &manifest = bundle->bundleManifest;
+  std::map<std::string, void *> hostHandles;
+  for (size_t i = 0; i < manifest.objects.size(); ++i) {
+    const ObjectInfo &object = manifest.objects[i];
+    std::string path = joinPath(directory, object.file);
+    if (::stat(path.c_str(), &info) != 0 || !S_ISREG(info.st_mode))
+      return Status::bundleError("object file '" + path + "' named by " +
+                                 manifestPath + " (objects[" +
+                                 std::to_string(i) + "]) does not exist");
+    if (object.target != kHostTarget)
+      continue;
+    // RTLD_LOCAL keeps each bundle's symbols to itself; RTLD_NOW makes a
+    // broken object fail here instead of at the first call.
+    void *handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+      const char *reason = ::dlerror();
+      return Status::bundleError("cannot load host object '" + path +
+                                 "': " + (reason ? reason : "dlopen failed"));
+    }
+    bundle->handles.push_back(handle);
+    hostHandles[object.file] = handle;
+  }
+
+  bundle->entries.assign(manifest.kernels.size(), nullptr);
+  for (size_t i = 0; i < manifest.kernels.size(); ++i) {
+    const KernelInfo &kernel = manifest.kernels[i];
+    bundle->index[{kernel.target, kernel.key}] = i;
+    if (kernel.target != kHostTarget)
+      continue;
+    void *handle = hostHandles.at(kernel.object);
+    ::dlerror();
+    void *entry = ::dlsym(handle, kernel.symbol.c_str());
+    if (!entry)
+      return Status::bundleError(
+          "symbol '" + kernel.symbol + "' of kernel \"" + kernel.key +
+          "\" not found in '" + joinPath(directory, kernel.object) + "'");
+    bundle->entries[i] = entry;
+  }
+  result = std::move(bundle);
+  return Status::ok();
+}
+
+Bundle::~Bundle() {
+  for (void *handle : handles)
+    ::dlclose(handle);
+}
+
+const KernelInfo *Bundle::findKernel(std::string_view target,
+                                     std::string_view key) const {
+  auto found = index.find({std::string(target), std::string(key)});
+  if (found == index.end())
+    return nullptr;
+  return &bundleManifest.kernels[found->second];
+}
+
+void *Bundle::hostEntry(const KernelInfo &kernel) const {
+  size_t position = &kernel - bundleManifest.kernels.data();
+  if (position >= entries.size())
+    return nullptr;
+  return entries[position];
+}
+
+} // namespace ce

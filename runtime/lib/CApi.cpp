@@ -1,0 +1,190 @@
+//===- CApi.cpp - The C API of ce_runtime.h -------------------------------===//
+//
+// A thin shell over the C++ layers: it converts pointers, catches every C++
+// exception at the boundary (a C caller cannot handle one), and records the
+// last error per thread. Only these functions are exported from the shared
+// library; everything else is built with hidden visibility.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/runtime/Bundle.h"
+#include "ce/runtime/KernelCache.h"
+#include "ce/runtime/Launch.h"
+#include "ce/runtime/ce_runtime.h"
+
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+
+#define CE_EXPORT extern "C" __attribute__((visibility("default")))
+
+struct ce_bundle {
+  std::unique_ptr<ce::Bundle> impl;
+};
+
+namespace {
+
+/// The message behind ce_last_error_message(), one per thread.
+thread_local std::string lastErrorMessage;
+
+ce_status finish(const char *function, const ce::Status &status) {
+  if (status.isOk())
+    lastErrorMessage.clear();
+  else
+    lastErrorMessage = std::string(function) + ": " + status.message();
+  return status.code();
+}
+
+/// Runs `body` and converts escaping exceptions into CE_ERROR_BACKEND.
+template <typename Body> ce_status guarded(const char *function, Body body) {
+  try {
+    return finish(function, body());
+  } catch (const std::bad_alloc &) {
+    return finish(function, ce::Status::error(CE_ERROR_BACKEND,
+                                              "out of host memory"));
+  } catch (const std::exception &error) {
+    return finish(function,
+                  ce::Status::error(CE_ERROR_BACKEND,
+                                    std::string("internal error: ") +
+                                        error.what()));
+  } catch (...) {
+    return finish(function, ce::Status::error(CE_ERROR_BACKEND,
+                                              "internal error"));
+  }
+}
+
+ce_status runOp(const char *function, ce_bundle *bundle,
+                const ce::LaunchRequest &request) {
+  return guarded(function, [&] {
+    if (!bundle || !bundle->impl)
+      return ce::Status::invalidArgument("bundle is NULL");
+    return ce::launch(*bundle->impl, request);
+  });
+}
+
+} // namespace
+
+CE_EXPORT void ce_options_init(ce_options *options) {
+  if (!options)
+    return;
+  options->has_ignore_index = 0;
+  options->ignore_index = -100; // Megatron's value, should one be enabled.
+  options->label_smoothing = 0.0f;
+  options->z_loss = 0.0f;
+  options->overwrite_input = 0;
+  options->label_layout = CE_LABELS_BS;
+}
+
+CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {
+  if (bundle)
+    *bundle = nullptr;
+  return guarded("ce_bundle_open", [&] {
+    if (!bundle)
+      return ce::Status::invalidArgument("bundle (the output) is NULL");
+    if (!directory)
+      return ce::Status::invalidArgument("directory is NULL");
+    std::unique_ptr<ce::Bundle> opened;
+    if (ce::Status status = ce::Bundle::open(directory, opened);
+        !status.isOk())
+      return status;
+    *bundle = new ce_bundle{std::move(opened)};
+    return ce::Status::ok();
+  });
+}
+
+CE_EXPORT void ce_bundle_close(ce_bundle *bundle) {
+  if (!bundle)
+    return;
+  if (bundle->impl)
+    ce::KernelCache::global().evictBundle(bundle->impl->id());
+  delete bundle;
+}
+
+CE_EXPORT int64_t ce_bundle_num_kernels(const ce_bundle *bundle) {
+  if (!bundle || !bundle->impl)
+    return 0;
+  return static_cast<int64_t>(bundle->impl->kernels().size());
+}
+
+CE_EXPORT const char *ce_bundle_kernel_key(const ce_bundle *bundle,
+                                           int64_t index) {
+  if (!bundle || !bundle->impl || index < 0 ||
+      index >= static_cast<int64_t>(bundle->impl->kernels().size()))
+    return nullptr;
+  return bundle->impl->kernels()[index].key.c_str();
+}
+
+CE_EXPORT ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
+                               const ce_tensor *logits,
+                               const ce_tensor *labels, const ce_tensor *loss,
+                               const ce_tensor *lse, void *stream) {
+  (void)stream; // Host kernels run on the calling thread.
+  ce::LaunchRequest request;
+  request.op = ce::KernelOp::Forward;
+  request.options = options;
+  request.logits = logits;
+  request.labels = labels;
+  request.loss = loss;
+  request.lse = lse;
+  return runOp("ce_forward", bundle, request);
+}
+
+CE_EXPORT ce_status ce_backward(ce_bundle *bundle, const ce_options *options,
+                                const ce_tensor *logits,
+                                const ce_tensor *labels, const ce_tensor *lse,
+                                const ce_tensor *grad_loss,
+                                const ce_tensor *grad, void *stream) {
+  (void)stream;
+  ce::LaunchRequest request;
+  request.op = ce::KernelOp::Backward;
+  request.options = options;
+  request.logits = logits;
+  request.labels = labels;
+  request.lse = lse;
+  request.gradLoss = grad_loss;
+  request.grad = grad;
+  return runOp("ce_backward", bundle, request);
+}
+
+CE_EXPORT ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
+                             const ce_tensor *logits, const ce_tensor *labels,
+                             const ce_tensor *weights, const ce_tensor *loss,
+                             const ce_tensor *lse, const ce_tensor *grad,
+                             void *stream) {
+  (void)stream;
+  ce::LaunchRequest request;
+  request.op = ce::KernelOp::Fused;
+  request.options = options;
+  request.logits = logits;
+  request.labels = labels;
+  request.weights = weights;
+  request.loss = loss;
+  request.lse = lse;
+  request.grad = grad;
+  return runOp("ce_fused", bundle, request);
+}
+
+CE_EXPORT const char *ce_last_error_message(void) {
+  return lastErrorMessage.c_str();
+}
+
+CE_EXPORT const char *ce_status_string(ce_status status) {
+  switch (status) {
+  case CE_OK:
+    return "CE_OK";
+  case CE_ERROR_INVALID_ARGUMENT:
+    return "CE_ERROR_INVALID_ARGUMENT";
+  case CE_ERROR_BUNDLE:
+    return "CE_ERROR_BUNDLE";
+  case CE_ERROR_VARIANT_NOT_FOUND:
+    return "CE_ERROR_VARIANT_NOT_FOUND";
+  case CE_ERROR_LABEL_OUT_OF_RANGE:
+    return "CE_ERROR_LABEL_OUT_OF_RANGE";
+  case CE_ERROR_NO_DEVICE:
+    return "CE_ERROR_NO_DEVICE";
+  case CE_ERROR_BACKEND:
+    return "CE_ERROR_BACKEND";
+  }
+  return "unknown ce_status";
+}

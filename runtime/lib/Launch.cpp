@@ -1,0 +1,132 @@
+//===- Launch.cpp - From a C API call to a kernel launch ------------------===//
+//
+// The order matters: everything about the request is checked before the
+// device, the device before the variant, and all of it before a launch, so
+// that a bad call never reaches a kernel and a missing variant is reported
+// even for an empty batch.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/runtime/Launch.h"
+#include "ce/runtime/HostBackend.h"
+#include "ce/runtime/KernelCache.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace ce {
+
+namespace {
+
+/// The `--name=value` options that make ce-gen emit exactly `variant`.
+std::string ceGenOptions(const KernelVariantKey &variant) {
+  std::string options = std::string("--op=") + stringify(variant.op) +
+                        " --logits=" + stringify(variant.logits) +
+                        " --labels=" + stringify(variant.labels) +
+                        " --layout=" + stringify(variant.layout) +
+                        " --ignore-index=" +
+                        (variant.ignoreIndex
+                             ? std::to_string(*variant.ignoreIndex)
+                             : std::string("none")) +
+                        " --label-smoothing=" +
+                        formatF32(variant.labelSmoothing) +
+                        " --z-loss=" + formatF32(variant.zLoss);
+  if (variant.op != KernelOp::Forward)
+    options += std::string(" --overwrite=") + (variant.overwrite ? "1" : "0");
+  if (variant.op == KernelOp::Fused)
+    options += std::string(" --weights=") + stringify(variant.weights);
+  return options;
+}
+
+/// Number of comma-separated fields in which two keys differ.
+int keyDistance(const std::string &a, const std::string &b) {
+  auto split = [](const std::string &key) {
+    std::vector<std::string> fields;
+    size_t start = 0;
+    while (true) {
+      size_t comma = key.find(',', start);
+      fields.push_back(key.substr(start, comma - start));
+      if (comma == std::string::npos)
+        return fields;
+      start = comma + 1;
+    }
+  };
+  std::vector<std::string> fieldsA = split(a), fieldsB = split(b);
+  int distance = 0;
+  for (size_t i = 0; i < std::max(fieldsA.size(), fieldsB.size()); ++i)
+    if (i >= fieldsA.size() || i >= fieldsB.size() || fieldsA[i] != fieldsB[i])
+      ++distance;
+  return distance;
+}
+
+} // namespace
+
+Status variantNotFoundError(const Bundle &bundle, const char *target,
+                            const LaunchPlan &plan) {
+  std::string key = plan.variant.str();
+  std::string message = "kernel variant not found in bundle '" +
+                        bundle.directory() + "' for target " + target + ": \"" +
+                        key + "\"; generate it with `ce-gen --target=" +
+                        target + " -o DIR " + ceGenOptions(plan.variant) +
+                        "` (or add these values to the option lists the "
+                        "bundle was generated with)";
+  std::vector<std::pair<int, const std::string *>> candidates;
+  for (const KernelInfo &kernel : bundle.kernels())
+    if (kernel.target == target)
+      candidates.push_back({keyDistance(kernel.key, key), &kernel.key});
+  if (candidates.empty())
+    return Status::error(CE_ERROR_VARIANT_NOT_FOUND,
+                         message + " (the bundle has no " + target +
+                             " kernels)");
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto &a, const auto &b) { return a.first < b.first; });
+  message += " (the bundle has " + std::to_string(candidates.size()) + " " +
+             target + " kernels; nearest:";
+  for (size_t i = 0; i < candidates.size() && i < 3; ++i)
+    message += (i ? ", \"" : " \"") + *candidates[i].second + "\"";
+  return Status::error(CE_ERROR_VARIANT_NOT_FOUND, message + ")");
+}
+
+Status launch(const Bundle &bundle, const LaunchRequest &request) {
+  LaunchPlan plan;
+  if (Status status = validateLaunch(request, plan); !status.isOk())
+    return status;
+  if (Status status = checkDeviceAvailable(plan.device, plan.deviceIndex);
+      !status.isOk())
+    return status;
+
+  const KernelInfo *info = bundle.findKernel(kHostTarget, plan.variant.str());
+  if (!info)
+    return variantNotFoundError(bundle, kHostTarget, plan);
+  LoadedKernel kernel;
+  KernelCacheKey cacheKey{bundle.id(), info->key, plan.device,
+                          plan.deviceIndex};
+  if (Status status = KernelCache::global().getOrLoad(
+          cacheKey,
+          [&](LoadedKernel &loaded) {
+            loaded.info = info;
+            loaded.entry = bundle.hostEntry(*info);
+            if (!loaded.entry)
+              return Status::error(CE_ERROR_BACKEND,
+                                   "kernel \"" + info->key +
+                                       "\" has no host entry point");
+            return Status::ok();
+          },
+          kernel);
+      !status.isOk())
+    return status;
+
+  if (plan.numTokens == 0)
+    return Status::ok();
+  // The runtime owns the status word: zeroed here, read after the call.
+  int64_t labelStatus = 0;
+  if (Status status = launchHostKernel(kernel, plan, labelStatus);
+      !status.isOk())
+    return status;
+  if (labelStatus != 0)
+    return labelStatusError(labelStatus, plan);
+  return Status::ok();
+}
+
+} // namespace ce

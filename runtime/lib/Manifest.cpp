@@ -1,0 +1,421 @@
+//===- Manifest.cpp - Reading and checking manifest.json ------------------===//
+//
+// Implements docs/bundle-format.md, version 1: required keys, their types,
+// the variant keys, and the agreement of each kernel's argument list with its
+// variant. Unknown keys are ignored so that newer writers stay readable.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/runtime/Manifest.h"
+#include "ce/runtime/Json.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+namespace ce {
+
+const char *stringify(ArgRole role) {
+  switch (role) {
+  case ArgRole::Logits:
+    return "logits";
+  case ArgRole::Labels:
+    return "labels";
+  case ArgRole::Loss:
+    return "loss";
+  case ArgRole::Lse:
+    return "lse";
+  case ArgRole::GradLoss:
+    return "grad_loss";
+  case ArgRole::Weights:
+    return "weights";
+  case ArgRole::Grad:
+    return "grad";
+  case ArgRole::Status:
+    return "status";
+  }
+  return "?";
+}
+
+std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
+  switch (variant.op) {
+  case KernelOp::Forward:
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
+            ArgRole::Status};
+  case KernelOp::Backward:
+    if (variant.overwrite)
+      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse,
+              ArgRole::GradLoss, ArgRole::Status};
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse,
+            ArgRole::GradLoss, ArgRole::Grad, ArgRole::Status};
+  case KernelOp::Fused:
+    if (variant.overwrite)
+      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
+              ArgRole::Loss, ArgRole::Lse, ArgRole::Status};
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
+            ArgRole::Lse, ArgRole::Grad, ArgRole::Status};
+  }
+  return {};
+}
+
+namespace {
+
+/// The rank and element type `role` must have in a kernel of `variant`.
+KernelArg expectedArg(const KernelVariantKey &variant, ArgRole role) {
+  int logitsRank = variant.layout == LabelLayout::Flat ? 2 : 3;
+  int tokenRank = logitsRank - 1;
+  switch (role) {
+  case ArgRole::Logits:
+  case ArgRole::Grad:
+    return {role, logitsRank, variant.logits};
+  case ArgRole::Labels:
+    return {role, tokenRank, variant.labels};
+  case ArgRole::Loss:
+  case ArgRole::Lse:
+  case ArgRole::GradLoss:
+    return {role, tokenRank, ElemType::F32};
+  case ArgRole::Weights:
+    return {role, variant.weights == WeightsKind::Scalar ? 0 : tokenRank,
+            ElemType::F32};
+  case ArgRole::Status:
+    return {role, 1, ElemType::I64};
+  }
+  return {};
+}
+
+/// Walks the JSON tree and produces messages that name the file, the byte
+/// offset and the path of the offending value ("kernels[2].args[0].rank").
+class ManifestReader {
+public:
+  ManifestReader(std::string_view text, const std::string &path)
+      : text(text), path(path) {}
+
+  Status read(Manifest &manifest);
+
+private:
+  Status errorAt(const json::Value &value, const std::string &what) const {
+    return Status::bundleError(path + ": byte " +
+                               std::to_string(value.offset()) + ": " + what);
+  }
+
+  /// A required member of `object` with kind `kind`.
+  Status require(const json::Value &object, const std::string &where,
+                 const char *key, json::Value::Kind kind,
+                 const json::Value *&member) const {
+    member = object.get(key);
+    std::string name = where.empty() ? key : where + "." + key;
+    if (!member)
+      return errorAt(object, "missing required key \"" + name + "\"");
+    if (member->kind() != kind)
+      return errorAt(*member, "\"" + name + "\" must be a " +
+                                  json::Value::kindName(kind) + ", not a " +
+                                  json::Value::kindName(member->kind()));
+    return Status::ok();
+  }
+
+  Status requireString(const json::Value &object, const std::string &where,
+                       const char *key, std::string &out) const {
+    const json::Value *member;
+    if (Status status =
+            require(object, where, key, json::Value::Kind::String, member);
+        !status.isOk())
+      return status;
+    out = member->getString();
+    return Status::ok();
+  }
+
+  Status requireInteger(const json::Value &object, const std::string &where,
+                        const char *key, int64_t min, int64_t max,
+                        int64_t &out) const {
+    const json::Value *member;
+    if (Status status =
+            require(object, where, key, json::Value::Kind::Number, member);
+        !status.isOk())
+      return status;
+    std::optional<int64_t> value = member->getInteger();
+    if (!value || *value < min || *value > max)
+      return errorAt(*member, "\"" + where + "." + key +
+                                  "\" must be an integer in [" +
+                                  std::to_string(min) + ", " +
+                                  std::to_string(max) + "]");
+    out = *value;
+    return Status::ok();
+  }
+
+  Status readObject(const json::Value &value, const std::string &where,
+                    ObjectInfo &object) const;
+  Status readKernel(const json::Value &value, const std::string &where,
+                    const Manifest &manifest, KernelInfo &kernel) const;
+  Status readArgs(const json::Value &args, const std::string &where,
+                  KernelInfo &kernel) const;
+  Status readLaunch(const json::Value &kernelValue, const std::string &where,
+                    KernelInfo &kernel) const;
+
+  std::string_view text;
+  const std::string &path;
+};
+
+Status ManifestReader::read(Manifest &manifest) {
+  json::Value root;
+  json::ParseError parseError;
+  if (!json::parse(text, root, parseError))
+    return Status::bundleError(
+        path + ": invalid JSON at byte " + std::to_string(parseError.offset) +
+        " (line " + std::to_string(parseError.line) + ", column " +
+        std::to_string(parseError.column) + "): " + parseError.message);
+  if (!root.isObject())
+    return errorAt(root, "the manifest must be a JSON object, not a " +
+                             std::string(json::Value::kindName(root.kind())));
+
+  // The format and version come first: a newer version may have changed
+  // everything else, so nothing else is looked at before they are accepted.
+  std::string format;
+  if (Status status = requireString(root, "", "format", format);
+      !status.isOk())
+    return status;
+  if (format != kBundleFormatName)
+    return errorAt(*root.get("format"),
+                   "\"format\" is \"" + format + "\", expected \"" +
+                       kBundleFormatName + "\" (not a cegen kernel bundle)");
+  const json::Value *version;
+  if (Status status =
+          require(root, "", "version", json::Value::Kind::Number, version);
+      !status.isOk())
+    return status;
+  if (!version->getInteger() || *version->getInteger() < 1)
+    return errorAt(*version, "\"version\" must be a positive integer");
+  manifest.version = *version->getInteger();
+  if (manifest.version > CE_RUNTIME_BUNDLE_VERSION)
+    return errorAt(
+        *version,
+        "bundle format version " + std::to_string(manifest.version) +
+            " is newer than version " +
+            std::to_string(CE_RUNTIME_BUNDLE_VERSION) +
+            ", the newest this runtime reads; use a runtime that reads "
+            "version " +
+            std::to_string(manifest.version) +
+            " or regenerate the bundle with a matching ce-gen");
+
+  if (const json::Value *generator = root.get("generator")) {
+    if (!generator->isString())
+      return errorAt(*generator, "\"generator\" must be a string");
+    manifest.generator = generator->getString();
+  }
+
+  const json::Value *objects;
+  if (Status status =
+          require(root, "", "objects", json::Value::Kind::Array, objects);
+      !status.isOk())
+    return status;
+  for (size_t i = 0; i < objects->getArray().size(); ++i) {
+    ObjectInfo object;
+    if (Status status = readObject(objects->getArray()[i],
+                                   "objects[" + std::to_string(i) + "]",
+                                   object);
+        !status.isOk())
+      return status;
+    for (const ObjectInfo &other : manifest.objects)
+      if (other.file == object.file)
+        return errorAt(objects->getArray()[i],
+                       "object file \"" + object.file + "\" listed twice");
+    manifest.objects.push_back(std::move(object));
+  }
+
+  const json::Value *kernels;
+  if (Status status =
+          require(root, "", "kernels", json::Value::Kind::Array, kernels);
+      !status.isOk())
+    return status;
+  std::set<std::pair<std::string, std::string>> seen;
+  for (size_t i = 0; i < kernels->getArray().size(); ++i) {
+    const json::Value &value = kernels->getArray()[i];
+    KernelInfo kernel;
+    if (Status status = readKernel(value, "kernels[" + std::to_string(i) + "]",
+                                   manifest, kernel);
+        !status.isOk())
+      return status;
+    if (!seen.insert({kernel.target, kernel.key}).second)
+      return errorAt(value, "kernel \"" + kernel.key + "\" for target \"" +
+                                kernel.target + "\" listed twice");
+    manifest.kernels.push_back(std::move(kernel));
+  }
+  return Status::ok();
+}
+
+Status ManifestReader::readObject(const json::Value &value,
+                                  const std::string &where,
+                                  ObjectInfo &object) const {
+  if (!value.isObject())
+    return errorAt(value, where + " must be an object");
+  if (Status status = requireString(value, where, "file", object.file);
+      !status.isOk())
+    return status;
+  if (Status status = requireString(value, where, "target", object.target);
+      !status.isOk())
+    return status;
+  if (Status status = requireString(value, where, "kind", object.kind);
+      !status.isOk())
+    return status;
+  // Code objects live inside the bundle: a manifest must not make the
+  // runtime load an arbitrary file from elsewhere.
+  const std::string &file = object.file;
+  bool escapes = file.empty() || file[0] == '/' || file == ".." ||
+                 file.rfind("../", 0) == 0 ||
+                 file.find("/../") != std::string::npos ||
+                 (file.size() >= 3 &&
+                  file.compare(file.size() - 3, 3, "/..") == 0);
+  if (escapes)
+    return errorAt(*value.get("file"),
+                   where + ".file \"" + file +
+                       "\" must be a relative path inside the bundle");
+  return Status::ok();
+}
+
+Status ManifestReader::readKernel(const json::Value &value,
+                                  const std::string &where,
+                                  const Manifest &manifest,
+                                  KernelInfo &kernel) const {
+  if (!value.isObject())
+    return errorAt(value, where + " must be an object");
+  for (auto [key, out] : {std::pair{"key", &kernel.key},
+                          std::pair{"target", &kernel.target},
+                          std::pair{"object", &kernel.object},
+                          std::pair{"symbol", &kernel.symbol},
+                          std::pair{"abi", &kernel.abi}})
+    if (Status status = requireString(value, where, key, *out);
+        !status.isOk())
+      return status;
+
+  std::optional<KernelVariantKey> variant = parseKernelVariantKey(kernel.key);
+  if (!variant)
+    return errorAt(*value.get("key"),
+                   where + ".key \"" + kernel.key +
+                       "\" is not a variant key as KernelVariantKey::str() "
+                       "spells it");
+  kernel.variant = *variant;
+  std::string name = where + " (\"" + kernel.key + "\")";
+  if (kernel.variant.op == KernelOp::Forward && kernel.variant.overwrite)
+    return errorAt(value, name + ": a forward kernel cannot overwrite");
+  bool fused = kernel.variant.op == KernelOp::Fused;
+  if (fused != (kernel.variant.weights != WeightsKind::None))
+    return errorAt(value, name + ": weights=" +
+                              stringify(kernel.variant.weights) +
+                              (fused ? " is not valid for a fused kernel "
+                                       "(scalar or token)"
+                                     : " is only valid for a fused kernel"));
+
+  auto object = std::find_if(
+      manifest.objects.begin(), manifest.objects.end(),
+      [&](const ObjectInfo &info) { return info.file == kernel.object; });
+  if (object == manifest.objects.end())
+    return errorAt(*value.get("object"),
+                   name + ": object \"" + kernel.object +
+                       "\" is not listed in \"objects\"");
+  if (object->target != kernel.target)
+    return errorAt(*value.get("object"),
+                   name + ": object \"" + kernel.object + "\" is for target \"" +
+                       object->target + "\", the kernel for target \"" +
+                       kernel.target + "\"");
+  if (kernel.target == "host") {
+    if (kernel.abi != kMemrefDescriptorAbi)
+      return errorAt(*value.get("abi"), name + ": unknown abi \"" +
+                                            kernel.abi + "\" (expected \"" +
+                                            kMemrefDescriptorAbi + "\")");
+    if (object->kind != "shared-object")
+      return errorAt(*value.get("object"),
+                     name + ": host object \"" + object->file +
+                         "\" has kind \"" + object->kind +
+                         "\", expected \"shared-object\"");
+  }
+
+  const json::Value *args;
+  if (Status status =
+          require(value, where, "args", json::Value::Kind::Array, args);
+      !status.isOk())
+    return status;
+  if (Status status = readArgs(*args, name, kernel); !status.isOk())
+    return status;
+  return readLaunch(value, where, kernel);
+}
+
+Status ManifestReader::readArgs(const json::Value &args,
+                                const std::string &name,
+                                KernelInfo &kernel) const {
+  std::vector<ArgRole> expected = expectedRoles(kernel.variant);
+  std::set<ArgRole> seen;
+  for (size_t i = 0; i < args.getArray().size(); ++i) {
+    const json::Value &value = args.getArray()[i];
+    std::string where = name + ".args[" + std::to_string(i) + "]";
+    if (!value.isObject())
+      return errorAt(value, where + " must be an object");
+    std::string roleName, dtypeName;
+    int64_t rank;
+    if (Status status = requireString(value, where, "role", roleName);
+        !status.isOk())
+      return status;
+    if (Status status =
+            requireInteger(value, where, "rank", 0, CE_MAX_RANK, rank);
+        !status.isOk())
+      return status;
+    if (Status status = requireString(value, where, "dtype", dtypeName);
+        !status.isOk())
+      return status;
+
+    auto role = std::find_if(expected.begin(), expected.end(), [&](ArgRole r) {
+      return roleName == stringify(r);
+    });
+    if (role == expected.end())
+      return errorAt(value, name + ": unexpected argument role \"" + roleName +
+                                "\" for this variant");
+    if (!seen.insert(*role).second)
+      return errorAt(value,
+                     name + ": argument role \"" + roleName + "\" twice");
+    KernelArg want = expectedArg(kernel.variant, *role);
+    if (rank != want.rank || dtypeName != stringify(want.dtype))
+      return errorAt(value, name + ": argument \"" + roleName + "\" is " +
+                                dtypeName + " of rank " +
+                                std::to_string(rank) + ", expected " +
+                                stringify(want.dtype) + " of rank " +
+                                std::to_string(want.rank));
+    kernel.args.push_back(want);
+  }
+  for (ArgRole role : expected)
+    if (!seen.count(role))
+      return errorAt(args, name + ": missing argument role \"" +
+                               std::string(stringify(role)) + "\"");
+  return Status::ok();
+}
+
+Status ManifestReader::readLaunch(const json::Value &kernelValue,
+                                  const std::string &where,
+                                  KernelInfo &kernel) const {
+  const json::Value *launch = kernelValue.get("launch");
+  // Host kernels have no launch shape; GPU kernels cannot run without one.
+  if (!launch && kernel.target == "host")
+    return Status::ok();
+  if (Status status = require(kernelValue, where, "launch",
+                              json::Value::Kind::Object, launch);
+      !status.isOk())
+    return status;
+  std::string launchWhere = where + ".launch";
+  constexpr int64_t maxValue = int64_t(1) << 31;
+  for (auto [key, out] :
+       {std::pair{"block_size", &kernel.launch.blockSize},
+        std::pair{"rows_per_block", &kernel.launch.rowsPerBlock},
+        std::pair{"lds_bytes", &kernel.launch.ldsBytes}})
+    if (Status status =
+            requireInteger(*launch, launchWhere, key, 0, maxValue, *out);
+        !status.isOk())
+      return status;
+  return Status::ok();
+}
+
+} // namespace
+
+Status parseManifest(std::string_view text, const std::string &path,
+                     Manifest &manifest) {
+  manifest = Manifest();
+  return ManifestReader(text, path).read(manifest);
+}
+
+} // namespace ce

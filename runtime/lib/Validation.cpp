@@ -1,0 +1,462 @@
+//===- Validation.cpp - Checking a launch request before any launch -------===//
+//
+// The rules of docs/runtime.md, "Validation". Each message starts with the
+// name of the tensor or option at fault and says what was expected and what
+// was given, so a user can fix the call without reading this file.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/runtime/Validation.h"
+#include "ce/runtime/MemoryRange.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace ce {
+
+std::string formatDims(const int64_t *values, int count) {
+  std::string text = "[";
+  for (int i = 0; i < count; ++i) {
+    if (i)
+      text += ", ";
+    text += std::to_string(values[i]);
+  }
+  return text + "]";
+}
+
+int64_t dtypeSize(ce_dtype dtype) {
+  switch (dtype) {
+  case CE_DTYPE_BF16:
+  case CE_DTYPE_F16:
+    return 2;
+  case CE_DTYPE_F32:
+  case CE_DTYPE_I32:
+    return 4;
+  case CE_DTYPE_I64:
+    return 8;
+  }
+  return 0;
+}
+
+std::string dtypeName(ce_dtype dtype) {
+  switch (dtype) {
+  case CE_DTYPE_BF16:
+    return "bf16";
+  case CE_DTYPE_F16:
+    return "f16";
+  case CE_DTYPE_F32:
+    return "f32";
+  case CE_DTYPE_I32:
+    return "i32";
+  case CE_DTYPE_I64:
+    return "i64";
+  }
+  return "invalid dtype " + std::to_string(static_cast<int>(dtype));
+}
+
+namespace {
+
+const char *deviceName(ce_device_type device) {
+  switch (device) {
+  case CE_DEVICE_HOST:
+    return "host";
+  case CE_DEVICE_CUDA:
+    return "CUDA";
+  case CE_DEVICE_HIP:
+    return "HIP";
+  }
+  return "invalid device";
+}
+
+ElemType toElemType(ce_dtype dtype) {
+  switch (dtype) {
+  case CE_DTYPE_BF16:
+    return ElemType::BF16;
+  case CE_DTYPE_F16:
+    return ElemType::F16;
+  case CE_DTYPE_F32:
+    return ElemType::F32;
+  case CE_DTYPE_I32:
+    return ElemType::I32;
+  case CE_DTYPE_I64:
+    return ElemType::I64;
+  }
+  return ElemType::F32;
+}
+
+/// A tensor of the request with the name messages use for it.
+struct NamedTensor {
+  const char *name;
+  ArgRole role;
+  const ce_tensor *tensor;
+  bool isOutput;
+};
+
+Status invalid(const std::string &name, const std::string &message) {
+  return Status::invalidArgument(name + ": " + message);
+}
+
+Status checkOptions(const ce_options &options) {
+  if (options.label_layout != CE_LABELS_BS &&
+      options.label_layout != CE_LABELS_SB)
+    return invalid("options->label_layout",
+                   "must be CE_LABELS_BS (0) or CE_LABELS_SB (1), got " +
+                       std::to_string(static_cast<int>(options.label_layout)));
+  float smoothing = options.label_smoothing;
+  if (!(smoothing >= 0.0f && smoothing < 1.0f))
+    return invalid("options->label_smoothing",
+                   "must be in [0, 1), got " + formatF32(smoothing));
+  float zLoss = options.z_loss;
+  if (!std::isfinite(zLoss) || zLoss < 0.0f)
+    return invalid("options->z_loss",
+                   "must be finite and >= 0, got " + formatF32(zLoss));
+  return Status::ok();
+}
+
+/// Checks what every tensor needs regardless of its role.
+Status checkWellFormed(const NamedTensor &arg) {
+  const ce_tensor &tensor = *arg.tensor;
+  if (tensor.ndim < 0 || tensor.ndim > CE_MAX_RANK)
+    return invalid(arg.name, "ndim must be in [0, " +
+                                 std::to_string(CE_MAX_RANK) + "], got " +
+                                 std::to_string(tensor.ndim));
+  if (dtypeSize(tensor.dtype) == 0)
+    return invalid(arg.name, dtypeName(tensor.dtype));
+  if (tensor.device != CE_DEVICE_HOST && tensor.device != CE_DEVICE_CUDA &&
+      tensor.device != CE_DEVICE_HIP)
+    return invalid(arg.name, "invalid device type " +
+                                 std::to_string(static_cast<int>(tensor.device)));
+  for (int i = 0; i < tensor.ndim; ++i)
+    if (tensor.sizes[i] < 0)
+      return invalid(arg.name, "negative size in dimension " +
+                                   std::to_string(i) + " (sizes " +
+                                   formatDims(tensor.sizes, tensor.ndim) + ")");
+  int64_t count = elementCount(tensor);
+  if (count < 0)
+    return invalid(arg.name, "sizes " + formatDims(tensor.sizes, tensor.ndim) +
+                                 " hold more than 2^63 elements");
+  ByteRange range;
+  if (!byteRange(tensor, dtypeSize(tensor.dtype), range))
+    return invalid(arg.name, "sizes " + formatDims(tensor.sizes, tensor.ndim) +
+                                 " and strides " +
+                                 formatDims(tensor.strides, tensor.ndim) +
+                                 " reach outside the address space");
+  if (count > 0 && !tensor.data)
+    return invalid(arg.name, "data is NULL but the tensor has " +
+                                 std::to_string(count) + " elements");
+  return Status::ok();
+}
+
+Status checkDtype(const NamedTensor &arg, std::initializer_list<ce_dtype> ok,
+                  const char *expected) {
+  for (ce_dtype dtype : ok)
+    if (arg.tensor->dtype == dtype)
+      return Status::ok();
+  return invalid(arg.name, std::string("dtype must be ") + expected + ", got " +
+                               dtypeName(arg.tensor->dtype));
+}
+
+bool sameSizes(const ce_tensor &tensor, int rank, const int64_t *sizes) {
+  if (tensor.ndim != rank)
+    return false;
+  for (int i = 0; i < rank; ++i)
+    if (tensor.sizes[i] != sizes[i])
+      return false;
+  return true;
+}
+
+/// The token shape in words, for messages ("[B, S] = [4, 3]").
+std::string describeTokenShape(const LaunchPlan &plan) {
+  const char *names = plan.variant.layout == LabelLayout::Flat ? "[N]"
+                      : plan.variant.layout == LabelLayout::SbvBs
+                          ? "[B, S]"
+                          : "[S, B]";
+  return std::string(names) + " = " +
+         formatDims(plan.tokenSizes, plan.tokenRank);
+}
+
+Status checkTokenShaped(const NamedTensor &arg, const LaunchPlan &plan) {
+  const ce_tensor &tensor = *arg.tensor;
+  if (sameSizes(tensor, plan.tokenRank, plan.tokenSizes))
+    return Status::ok();
+  std::string message = "expected the labels' shape " +
+                        describeTokenShape(plan) + ", got " +
+                        formatDims(tensor.sizes, tensor.ndim);
+  if (tensor.ndim != plan.tokenRank)
+    message += " (ndim " + std::to_string(tensor.ndim) + ")";
+  // Transposed token shapes are the likely mistake with [S,B,V] logits.
+  int64_t swapped[2] = {plan.tokenSizes[1], plan.tokenSizes[0]};
+  if (plan.tokenRank == 2 && swapped[0] != swapped[1] &&
+      sameSizes(tensor, 2, swapped))
+    message += std::string("; for ") +
+               (plan.variant.layout == LabelLayout::SbvBs ? "[S, B]"
+                                                           : "[B, S]") +
+               " labels set options->label_layout to " +
+               (plan.variant.layout == LabelLayout::SbvBs ? "CE_LABELS_SB"
+                                                           : "CE_LABELS_BS");
+  return invalid(arg.name, message);
+}
+
+bool sameView(const ce_tensor &a, const ce_tensor &b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim ||
+      a.device != b.device || a.device_index != b.device_index)
+    return false;
+  for (int i = 0; i < a.ndim; ++i)
+    if (a.sizes[i] != b.sizes[i] || a.strides[i] != b.strides[i])
+      return false;
+  return true;
+}
+
+/// Outputs are written, so no element may be reachable through two indices.
+Status checkOutputLayout(const NamedTensor &arg, const std::string &why) {
+  const ce_tensor &tensor = *arg.tensor;
+  for (int i = 0; i < tensor.ndim; ++i)
+    if (tensor.strides[i] == 0 && tensor.sizes[i] > 1)
+      return invalid(arg.name, "stride 0 in dimension " + std::to_string(i) +
+                                   " (size " + std::to_string(tensor.sizes[i]) +
+                                   "): " + why +
+                                   " cannot be a broadcast view");
+  if (mayWriteTwice(tensor))
+    return invalid(arg.name, "strides " +
+                                 formatDims(tensor.strides, tensor.ndim) +
+                                 " make elements of sizes " +
+                                 formatDims(tensor.sizes, tensor.ndim) +
+                                 " overlap: " + why +
+                                 " must not overlap itself");
+  return Status::ok();
+}
+
+} // namespace
+
+Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
+  plan = LaunchPlan();
+  KernelOp op = request.op;
+  if (request.options)
+    plan.options = *request.options;
+  else
+    ce_options_init(&plan.options);
+  const ce_options &options = plan.options;
+  if (Status status = checkOptions(options); !status.isOk())
+    return status;
+  // A forward writes no gradient, so overwrite_input does not apply to it;
+  // the same options can then serve a forward and its backward.
+  bool overwrite = op != KernelOp::Forward && options.overwrite_input != 0;
+
+  // Presence. The gradient is the one optional tensor: it must be NULL or
+  // the logits themselves when overwriting.
+  bool takesGrad = op != KernelOp::Forward;
+  std::vector<NamedTensor> args = {
+      {"logits", ArgRole::Logits, request.logits, overwrite},
+      {"labels", ArgRole::Labels, request.labels, false}};
+  if (op == KernelOp::Fused)
+    args.push_back({"weights", ArgRole::Weights, request.weights, false});
+  if (op != KernelOp::Backward) {
+    args.push_back({"loss", ArgRole::Loss, request.loss, true});
+    args.push_back({"lse", ArgRole::Lse, request.lse, true});
+  } else {
+    args.push_back({"lse", ArgRole::Lse, request.lse, false});
+    args.push_back({"grad_loss", ArgRole::GradLoss, request.gradLoss, false});
+  }
+  for (const NamedTensor &arg : args)
+    if (!arg.tensor)
+      return invalid(arg.name, "is NULL");
+  if (takesGrad) {
+    if (overwrite) {
+      if (request.grad && !sameView(*request.grad, *request.logits))
+        return invalid(
+            "grad", "with options->overwrite_input the gradient is written "
+                    "over the logits, so grad must be NULL or exactly the "
+                    "logits view (same data, dtype, sizes, strides and device)");
+    } else {
+      if (!request.grad)
+        return invalid("grad", "is NULL; pass a gradient tensor, or set "
+                               "options->overwrite_input to write the "
+                               "gradient over the logits");
+      args.push_back({"grad", ArgRole::Grad, request.grad, true});
+    }
+  }
+  for (const NamedTensor &arg : args)
+    if (Status status = checkWellFormed(arg); !status.isOk())
+      return status;
+
+  // Logits decide the layout, the token shape and the vocabulary.
+  const NamedTensor &logitsArg = args[0];
+  const ce_tensor &logits = *request.logits;
+  if (Status status = checkDtype(logitsArg,
+                                 {CE_DTYPE_BF16, CE_DTYPE_F16, CE_DTYPE_F32},
+                                 "bf16, f16 or f32");
+      !status.isOk())
+    return status;
+  if (logits.ndim == 2) {
+    plan.variant.layout = LabelLayout::Flat;
+    plan.tokenRank = 1;
+    plan.tokenSizes[0] = logits.sizes[0];
+  } else if (logits.ndim == 3) {
+    int64_t seq = logits.sizes[0], batch = logits.sizes[1];
+    plan.tokenRank = 2;
+    if (options.label_layout == CE_LABELS_BS) {
+      plan.variant.layout = LabelLayout::SbvBs;
+      plan.tokenSizes[0] = batch;
+      plan.tokenSizes[1] = seq;
+    } else {
+      plan.variant.layout = LabelLayout::SbvSb;
+      plan.tokenSizes[0] = seq;
+      plan.tokenSizes[1] = batch;
+    }
+  } else {
+    return invalid("logits", "ndim must be 2 ([N, V]) or 3 ([S, B, V]), got " +
+                                 std::to_string(logits.ndim));
+  }
+  plan.vocabSize = logits.sizes[logits.ndim - 1];
+  plan.numTokens = plan.tokenSizes[0];
+  if (plan.tokenRank == 2 &&
+      __builtin_mul_overflow(plan.numTokens, plan.tokenSizes[1],
+                             &plan.numTokens))
+    return invalid("logits", "sizes " + formatDims(logits.sizes, logits.ndim) +
+                                 " hold more than 2^63 tokens");
+  if (plan.numTokens > 0 && plan.vocabSize == 0)
+    return invalid("logits", "vocabulary size (last dimension) is 0 for " +
+                                 std::to_string(plan.numTokens) + " tokens");
+  if (plan.vocabSize > 1 && logits.strides[logits.ndim - 1] != 1)
+    return invalid("logits", "the vocabulary dimension must have stride 1, "
+                             "got strides " +
+                                 formatDims(logits.strides, logits.ndim));
+
+  plan.variant.op = op;
+  plan.variant.logits = toElemType(logits.dtype);
+  if (options.has_ignore_index)
+    plan.variant.ignoreIndex = options.ignore_index;
+  plan.variant.labelSmoothing = options.label_smoothing;
+  plan.variant.zLoss = options.z_loss;
+  plan.variant.overwrite = overwrite;
+
+  for (const NamedTensor &arg : args) {
+    const ce_tensor &tensor = *arg.tensor;
+    switch (arg.role) {
+    case ArgRole::Logits:
+    case ArgRole::Status:
+      break;
+    case ArgRole::Labels:
+      if (Status status =
+              checkDtype(arg, {CE_DTYPE_I32, CE_DTYPE_I64}, "i32 or i64");
+          !status.isOk())
+        return status;
+      plan.variant.labels = toElemType(tensor.dtype);
+      if (Status status = checkTokenShaped(arg, plan); !status.isOk())
+        return status;
+      break;
+    case ArgRole::Loss:
+    case ArgRole::Lse:
+    case ArgRole::GradLoss:
+      if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
+          !status.isOk())
+        return status;
+      if (Status status = checkTokenShaped(arg, plan); !status.isOk())
+        return status;
+      break;
+    case ArgRole::Weights:
+      if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
+          !status.isOk())
+        return status;
+      if (tensor.ndim == 0) {
+        plan.variant.weights = WeightsKind::Scalar;
+      } else {
+        plan.variant.weights = WeightsKind::Token;
+        if (!sameSizes(tensor, plan.tokenRank, plan.tokenSizes))
+          return invalid("weights", "must be a scalar (ndim 0) or have the "
+                                    "labels' shape " +
+                                        describeTokenShape(plan) + ", got " +
+                                        formatDims(tensor.sizes, tensor.ndim));
+      }
+      break;
+    case ArgRole::Grad:
+      if (tensor.dtype != logits.dtype)
+        return invalid("grad", "dtype must be the logits' dtype " +
+                                   dtypeName(logits.dtype) + ", got " +
+                                   dtypeName(tensor.dtype));
+      if (!sameSizes(tensor, logits.ndim, logits.sizes))
+        return invalid("grad", "shape must be the logits' shape " +
+                                   formatDims(logits.sizes, logits.ndim) +
+                                   ", got " +
+                                   formatDims(tensor.sizes, tensor.ndim));
+      if (plan.vocabSize > 1 && tensor.strides[tensor.ndim - 1] != 1)
+        return invalid("grad", "the vocabulary dimension must have stride 1, "
+                               "got strides " +
+                                   formatDims(tensor.strides, tensor.ndim));
+      break;
+    }
+  }
+
+  // One device for all tensors.
+  plan.device = logits.device;
+  plan.deviceIndex = logits.device == CE_DEVICE_HOST ? 0 : logits.device_index;
+  for (const NamedTensor &arg : args) {
+    const ce_tensor &tensor = *arg.tensor;
+    if (tensor.device != logits.device ||
+        (tensor.device != CE_DEVICE_HOST &&
+         tensor.device_index != logits.device_index))
+      return invalid(arg.name,
+                     std::string("is on ") + deviceName(tensor.device) +
+                         " device " + std::to_string(tensor.device_index) +
+                         " but logits are on " + deviceName(logits.device) +
+                         " device " + std::to_string(logits.device_index) +
+                         "; all tensors must be on the same device");
+  }
+
+  // Outputs: never broadcast, never self-overlapping, never sharing memory
+  // with another tensor of the call.
+  for (const NamedTensor &arg : args) {
+    if (!arg.isOutput)
+      continue;
+    std::string why = arg.role == ArgRole::Logits
+                          ? "with options->overwrite_input the logits are "
+                            "written, so they"
+                          : "an output";
+    if (Status status = checkOutputLayout(arg, why); !status.isOk())
+      return status;
+    ByteRange outputRange;
+    (void)byteRange(*arg.tensor, dtypeSize(arg.tensor->dtype), outputRange);
+    for (const NamedTensor &other : args) {
+      if (&other == &arg)
+        continue;
+      ByteRange otherRange;
+      (void)byteRange(*other.tensor, dtypeSize(other.tensor->dtype),
+                      otherRange);
+      if (!outputRange.overlaps(otherRange))
+        continue;
+      bool gradOnLogits = (arg.role == ArgRole::Grad &&
+                           other.role == ArgRole::Logits) ||
+                          (arg.role == ArgRole::Logits &&
+                           other.role == ArgRole::Grad);
+      if (gradOnLogits)
+        return invalid("grad", "overlaps logits; to write the gradient over "
+                               "the logits set options->overwrite_input and "
+                               "pass grad as NULL or as the logits view");
+      // Report each pair once, the output first.
+      return invalid(arg.name, std::string("output memory overlaps ") +
+                                   (other.isOutput ? "output " : "input ") +
+                                   other.name +
+                                   "; outputs must not share memory with "
+                                   "any other tensor");
+    }
+  }
+
+  for (const NamedTensor &arg : args) {
+    int role = static_cast<int>(arg.role);
+    plan.tensors[role] = *arg.tensor;
+    plan.present[role] = true;
+  }
+  // With one vocabulary entry only index 0 is read, so any stride is as good
+  // as 1; kernels may assume the unit stride the ABI promises.
+  if (plan.vocabSize == 1) {
+    for (ArgRole role : {ArgRole::Logits, ArgRole::Grad}) {
+      ce_tensor &tensor = plan.tensors[static_cast<int>(role)];
+      if (plan.present[static_cast<int>(role)])
+        tensor.strides[tensor.ndim - 1] = 1;
+    }
+  }
+  return Status::ok();
+}
+
+} // namespace ce
