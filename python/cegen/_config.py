@@ -39,6 +39,14 @@ def _source_tree_root() -> Optional[Path]:
     return None
 
 
+def _install_prefix() -> Optional[Path]:
+    """``<prefix>`` when installed as ``<prefix>/lib/pythonX.Y/{site,dist}-packages/cegen``."""
+    packages = PACKAGE_DIR.parent
+    if packages.name in ("site-packages", "dist-packages") and packages.parent.parent.name == "lib":
+        return packages.parent.parent.parent
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Settings of the kernel cache and of library discovery.
@@ -146,6 +154,9 @@ def runtime_library_candidates(config: Optional[Config] = None) -> List[Path]:
         PACKAGE_DIR / RUNTIME_LIBRARY_NAME,  # installed next to the package
         PACKAGE_DIR / "lib" / RUNTIME_LIBRARY_NAME,
     ]
+    prefix = _install_prefix()
+    if prefix is not None:  # <prefix>/lib/pythonX.Y/site-packages/cegen -> <prefix>/lib
+        candidates.append(prefix / "lib" / RUNTIME_LIBRARY_NAME)
     for build in _build_dirs(config):
         candidates += [
             build / "lib" / RUNTIME_LIBRARY_NAME,
@@ -161,6 +172,9 @@ def ce_gen_candidates(config: Optional[Config] = None) -> List[Path]:
     if config.ce_gen is not None:
         return [Path(config.ce_gen).expanduser()]
     candidates = [PACKAGE_DIR / "bin" / CE_GEN_NAME]
+    prefix = _install_prefix()
+    if prefix is not None:
+        candidates.append(prefix / "bin" / CE_GEN_NAME)
     for build in _build_dirs(config):
         candidates += [build / "bin" / CE_GEN_NAME, build / "tools" / CE_GEN_NAME / CE_GEN_NAME]
     on_path = shutil.which(CE_GEN_NAME)

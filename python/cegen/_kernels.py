@@ -192,8 +192,9 @@ def _check_token_tensor(tensor: torch.Tensor, name: str, tokens: Tuple[int, ...]
 
 def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
     runtime_options = get_runtime().default_options()
-    runtime_options.has_ignore_index = 0 if options.ignore_index is None else 1
-    runtime_options.ignore_index = 0 if options.ignore_index is None else options.ignore_index
+    if options.ignore_index is not None:
+        runtime_options.has_ignore_index = 1
+        runtime_options.ignore_index = options.ignore_index
     runtime_options.label_smoothing = options.label_smoothing
     runtime_options.z_loss = options.z_loss
     runtime_options.overwrite_input = 1 if overwrite else 0

@@ -85,8 +85,10 @@ class VariantKey:
             "--ignore-index=" + ("none" if self.ignore_index is None else str(int(self.ignore_index))),
             f"--label-smoothing={format_f32(self.label_smoothing)}",
             f"--z-loss={format_f32(self.z_loss)}",
-            f"--overwrite={1 if self.overwrite else 0}",
         ]
-        if self.weights != "none":
+        # Spelled as the runtime's "generate it with" hint (runtime/lib/Launch.cpp).
+        if self.op != "forward":
+            options.append(f"--overwrite={1 if self.overwrite else 0}")
+        if self.op == "fused":
             options.append(f"--weights={self.weights}")
         return options

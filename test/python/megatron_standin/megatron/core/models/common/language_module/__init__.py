@@ -1,0 +1,1 @@
+"""Stand-in of LanguageModule for cegen tests (not Megatron code)."""

@@ -1,0 +1,36 @@
+"""Stand-in of ProcessGroupCollection and a process group that knows its size."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+class FakeProcessGroup:
+    """Answers size() and rank() like torch.distributed.ProcessGroup, without a backend."""
+
+    def __init__(self, size: int = 1, rank: int = 0):
+        self._size = size
+        self._rank = rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+@dataclass
+class ProcessGroupCollection:
+    """The groups LanguageModule reads (tp, cp, pp, embd)."""
+
+    tp: Optional[FakeProcessGroup] = None
+    cp: Optional[FakeProcessGroup] = None
+    pp: Optional[FakeProcessGroup] = None
+    embd: Optional[FakeProcessGroup] = None
+
+    @staticmethod
+    def use_mpu_process_groups() -> "ProcessGroupCollection":
+        from megatron.core import parallel_state
+
+        size = parallel_state.get_tensor_model_parallel_world_size()
+        return ProcessGroupCollection(tp=FakeProcessGroup(size), cp=FakeProcessGroup(1),
+                                      pp=FakeProcessGroup(1), embd=None)

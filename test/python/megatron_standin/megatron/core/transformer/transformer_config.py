@@ -1,0 +1,22 @@
+"""Stand-in of Megatron-Core's TransformerConfig: only the fields the loss path reads.
+
+Written for cegen's tests; field names and defaults follow Megatron-Core's
+``megatron/core/transformer/transformer_config.py`` / ``model_parallel_config.py``.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TransformerConfig:
+    """The loss-relevant subset of Megatron-Core's TransformerConfig."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    context_parallel_size: int = 1
+    sequence_parallel: bool = False
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    cross_entropy_loss_fusion: bool = False
+    cross_entropy_fusion_impl: str = "native"  # 'native' or 'te'
+    calculate_per_token_loss: bool = False

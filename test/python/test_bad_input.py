@@ -1,0 +1,185 @@
+"""Bad input gets a clear Python exception, never a crash or a silently wrong number."""
+
+from __future__ import annotations
+
+import unittest
+
+import _support as S
+import torch
+
+import cegen
+from cegen import _kernels, _library
+
+
+class TestRejectedBeforeLaunch(unittest.TestCase):
+    """Checked on the Python side: no runtime library needed."""
+
+    def setUp(self) -> None:
+        self.logits = S.random_logits((6, 40))
+        self.labels = S.random_labels((6,), 40)
+
+    def assert_invalid(self, pattern: str, logits=None, labels=None, **options) -> None:  # type: ignore[no-untyped-def]
+        logits = self.logits if logits is None else logits
+        labels = self.labels if labels is None else labels
+        with self.assertRaisesRegex(cegen.InvalidInputError, pattern) as caught:
+            cegen.cross_entropy(logits, labels, **options)
+        self.assertIsInstance(caught.exception, ValueError)
+        self.assertIsInstance(caught.exception, RuntimeError)
+
+    def test_wrong_device(self) -> None:
+        self.assert_invalid("on device meta", logits=torch.empty((6, 40), device="meta"),
+                            labels=torch.empty((6,), dtype=torch.int64, device="meta"))
+        self.assert_invalid("labels are on meta", labels=torch.empty((6,), dtype=torch.int64, device="meta"))
+
+    def test_wrong_logits_dtype(self) -> None:
+        self.assert_invalid("logits dtype torch.float64", logits=self.logits.double())
+        self.assert_invalid("logits dtype torch.int64", logits=self.labels.reshape(6, 1))
+
+    def test_wrong_labels_dtype(self) -> None:
+        self.assert_invalid("labels dtype torch.float32", labels=self.labels.float())
+        self.assert_invalid("labels dtype torch.int16", labels=self.labels.to(torch.int16))
+
+    def test_wrong_shapes(self) -> None:
+        self.assert_invalid(r"labels of shape \(5,\)", labels=self.labels[:5])
+        self.assert_invalid(r"logits must be \[N, V\] or \[S, B, V\]", logits=self.logits.reshape(2, 3, 4, 10))
+        self.assert_invalid(r"logits must be", logits=self.logits.reshape(-1))
+        logits3 = S.random_logits((4, 3, 10))
+        self.assert_invalid(r"expected \[B, S\] = \(3, 4\)", logits=logits3, labels=S.random_labels((4, 3), 10))
+        self.assert_invalid(r"expected \[S, B\] = \(4, 3\)", logits=logits3,
+                            labels=S.random_labels((3, 4), 10), label_layout="sb")
+
+    def test_vocabulary_stride(self) -> None:
+        self.assert_invalid("vocabulary dimension of the logits must have stride 1",
+                            logits=S.random_logits((40, 6)).t())
+
+    def test_bad_options(self) -> None:
+        self.assert_invalid("label_smoothing must be in", label_smoothing=1.0)
+        self.assert_invalid("label_smoothing must be in", label_smoothing=-0.1)
+        self.assert_invalid("z_loss must be finite", z_loss=-1e-4)
+        self.assert_invalid("z_loss must be finite", z_loss=float("nan"))
+        self.assert_invalid("label_layout must be", label_layout="bsv")
+        self.assert_invalid("ignore_index must be an int", ignore_index=1.5)
+        self.assert_invalid("grad_weights must be", logits=self.logits.clone().requires_grad_(True),
+                            grad_weights="mean")
+
+    def test_bad_upstream_gradient_shape(self) -> None:
+        with self.assertRaisesRegex(cegen.InvalidInputError, "grad_loss has shape"):
+            _kernels.backward(self.logits, self.labels, torch.zeros(6), torch.zeros(5),
+                              _kernels.KernelOptions(), overwrite=False)
+
+    def test_not_tensors(self) -> None:
+        with self.assertRaisesRegex(cegen.InvalidInputError, "torch.Tensor"):
+            cegen.cross_entropy([[1.0, 2.0]], torch.tensor([0]))  # type: ignore[arg-type]
+
+
+class TestFakeImplementations(unittest.TestCase):
+    """The shape functions behind the custom ops' fake (meta) kernels."""
+
+    def test_shapes_and_dtypes(self) -> None:
+        logits = torch.empty((5, 3, 11), dtype=torch.bfloat16, device="meta")
+        labels = torch.empty((3, 5), dtype=torch.int64, device="meta")
+        loss, lse = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None)
+        self.assertEqual((tuple(loss.shape), loss.dtype, loss.device.type), ((3, 5), torch.float32, "meta"))
+        self.assertEqual(tuple(lse.shape), (3, 5))
+        grad = _library.backward_fake(logits, labels, lse, loss, None, 0.0, 0.0, "bs", None)
+        self.assertEqual((tuple(grad.shape), grad.dtype), ((5, 3, 11), torch.bfloat16))
+        loss, lse, grad = _library.fused_fake(logits, labels, torch.empty((), device="meta"), None, 0.0,
+                                              0.0, "sb", None)
+        self.assertEqual(tuple(loss.shape), (5, 3))
+        self.assertEqual(tuple(grad.shape), (5, 3, 11))
+        self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, loss, None, 0.0, 0.0,
+                                                           "bs", None))
+        flat = torch.empty((7, 11), dtype=torch.float16, device="meta")
+        loss, _ = _library.fused_overwrite_fake(flat, torch.empty((7,), dtype=torch.int32, device="meta"),
+                                                torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None)
+        self.assertEqual(tuple(loss.shape), (7,))
+
+    def test_mutation_is_declared(self) -> None:
+        mutated = {name: mutates for name, _, _, mutates in _library._SPECS}
+        self.assertEqual(mutated["backward_overwrite"], ("logits",))
+        self.assertEqual(mutated["fused_overwrite"], ("logits",))
+        self.assertEqual(mutated["forward"], ())
+        if cegen.HAS_CUSTOM_OP:
+            schema = str(torch.ops.cegen.backward_overwrite.default._schema)
+            self.assertIn("Tensor(a0!) logits", schema)
+
+
+class TestVariantKeys(unittest.TestCase):
+    """Keys spelled as ce::KernelVariantKey::str() spells them."""
+
+    def test_spelling(self) -> None:
+        key = cegen.VariantKey("forward", "bf16", "i64", "sbv_bs", -100)
+        self.assertEqual(str(key), "op=forward,logits=bf16,labels=i64,layout=sbv_bs,ignore_index=-100,"
+                                   "label_smoothing=0,z_loss=0,overwrite=0,weights=none")
+        key = cegen.VariantKey("fused", "f32", "i32", "flat", None, 0.1, 1e-4, True, "token")
+        self.assertEqual(str(key), "op=fused,logits=f32,labels=i32,layout=flat,ignore_index=none,"
+                                   "label_smoothing=0.100000001,z_loss=9.99999975e-05,overwrite=1,"
+                                   "weights=token")
+
+    def test_ce_gen_options(self) -> None:
+        key = cegen.VariantKey("backward", "f16", "i64", "sbv_sb", None, 0.1, 0.0, True)
+        self.assertEqual(key.ce_gen_options(), [
+            "--op=backward", "--logits=f16", "--labels=i64", "--layout=sbv_sb", "--ignore-index=none",
+            "--label-smoothing=0.100000001", "--z-loss=0", "--overwrite=1"])
+
+    def test_rejects_inconsistent_keys(self) -> None:
+        with self.assertRaises(ValueError):
+            cegen.VariantKey("fused", "f32", "i64", "flat")  # fused needs weights
+        with self.assertRaises(ValueError):
+            cegen.VariantKey("forward", "f64", "i64", "flat")
+        with self.assertRaises(ValueError):
+            cegen.VariantKey("forward", "f32", "i64", "flat", overwrite=True)
+
+
+class TestConfiguration(unittest.TestCase):
+    def test_unknown_setting(self) -> None:
+        with self.assertRaisesRegex(TypeError, "unknown setting"):
+            cegen.configure(cache_directory="/tmp")
+
+    def test_missing_runtime_library_path(self) -> None:
+        with self.assertRaisesRegex(cegen.RuntimeLibraryError, "no file"):
+            cegen.set_runtime_library("/nonexistent/libce_runtime.so")
+
+    def test_ce_gen_disabled_and_absent(self) -> None:
+        previous = cegen.get_config()
+        try:
+            cegen.configure(ce_gen="/nonexistent/ce-gen")
+            self.assertIsNone(cegen.find_ce_gen())
+        finally:
+            cegen.configure(ce_gen=previous.ce_gen)
+
+
+@S.requires_kernels
+class TestRejectedByTheRuntime(unittest.TestCase):
+    """Labels out of range are found by the kernels and reported by the runtime."""
+
+    def test_label_out_of_range(self) -> None:
+        logits = S.random_logits((6, 40)).requires_grad_(True)
+        for bad in (40, 1000, -1, -100):
+            labels = S.random_labels((6,), 40)
+            labels[4] = bad
+            with self.subTest(label=bad):
+                with self.assertRaises(cegen.LabelOutOfRangeError) as caught:
+                    cegen.cross_entropy(logits, labels)
+                self.assertIsInstance(caught.exception, ValueError)
+                self.assertEqual(caught.exception.status, 4)
+                self.assertIn(str(bad), str(caught.exception))
+
+    def test_ignore_index_is_not_out_of_range(self) -> None:
+        labels = S.random_labels((6,), 40)
+        labels[2] = -100
+        loss = cegen.cross_entropy(S.random_logits((6, 40)), labels, ignore_index=-100)
+        self.assertEqual(float(loss[2]), 0.0)
+        labels[3] = -1
+        with self.assertRaises(cegen.LabelOutOfRangeError):
+            cegen.cross_entropy(S.random_logits((6, 40)), labels, ignore_index=-100)
+
+    def test_out_of_range_in_fused_mode(self) -> None:
+        labels = S.random_labels((2, 3), 40)
+        labels[1, 2] = 40
+        with self.assertRaises(cegen.LabelOutOfRangeError):
+            cegen.cross_entropy(S.random_logits((3, 2, 40)).requires_grad_(True), labels, grad_weights=1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()
