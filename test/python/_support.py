@@ -114,9 +114,10 @@ def reference(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: Optio
     return loss.detach().reshape(labels.shape), grad
 
 
-#: (rtol, atol) of the gradient by logits dtype: one rounding to the dtype.
-GRAD_TOLERANCE = {torch.float32: (2e-5, 1e-7), torch.float16: (2e-3, 1e-7),
-                  torch.bfloat16: (1.6e-2, 1e-6)}
+#: (rtol, atol) of the gradient by logits dtype: one rounding to the dtype, plus the fp32
+#: error of p = exp(x - lse) (|lse| * 2^-24 relative), which p - 1 exposes for the target.
+GRAD_TOLERANCE = {torch.float32: (2e-5, 4e-6), torch.float16: (2e-3, 4e-6),
+                  torch.bfloat16: (1.6e-2, 4e-6)}
 #: (rtol, atol) of the fp32 loss by logits dtype (inputs are the same rounded values).
 LOSS_TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-5, 1e-5),
                   torch.bfloat16: (1e-5, 1e-5)}

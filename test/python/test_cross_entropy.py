@@ -190,8 +190,8 @@ class TestUpstreamGradients(unittest.TestCase):
         S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient")
 
     def test_mean(self) -> None:
-        grad, (_, _, strides, _) = self.backward_with(lambda loss: loss.mean())
-        self.assertEqual(strides, (0, 0))
+        # mean's backward divides an expanded gradient, which materializes it: any strides.
+        grad, _ = self.backward_with(lambda loss: loss.mean())
         _, ref_grad = S.reference(self.logits, self.labels, grad_loss=torch.full((4, 6), 1 / 24))
         S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient")
 
@@ -199,6 +199,12 @@ class TestUpstreamGradients(unittest.TestCase):
         mask = (torch.rand((4, 6), generator=S.generator(3)) > 0.3).float()
         grad, _ = self.backward_with(lambda loss: (loss * mask).sum() / mask.sum())
         _, ref_grad = S.reference(self.logits, self.labels, grad_loss=mask / mask.sum())
+        S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient")
+
+    def test_scaled_sum_keeps_stride_zero(self) -> None:
+        grad, (_, _, strides, _) = self.backward_with(lambda loss: loss.sum() * 0.25)
+        self.assertEqual(strides, (0, 0))
+        _, ref_grad = S.reference(self.logits, self.labels, grad_loss=torch.full((4, 6), 0.25))
         S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient")
 
     def test_broadcast_over_one_dimension(self) -> None:
