@@ -83,6 +83,12 @@ KernelArg expectedArg(const KernelVariantKey &variant, ArgRole role) {
   return {};
 }
 
+/// "an object", "a string", ...
+std::string withArticle(const char *noun) {
+  bool vowel = std::string_view("aeiou").find(noun[0]) != std::string::npos;
+  return std::string(vowel ? "an " : "a ") + noun;
+}
+
 /// Walks the JSON tree and produces messages that name the file, the byte
 /// offset and the path of the offending value ("kernels[2].args[0].rank").
 class ManifestReader {
@@ -107,9 +113,11 @@ private:
     if (!member)
       return errorAt(object, "missing required key \"" + name + "\"");
     if (member->kind() != kind)
-      return errorAt(*member, "\"" + name + "\" must be a " +
-                                  json::Value::kindName(kind) + ", not a " +
-                                  json::Value::kindName(member->kind()));
+      return errorAt(*member, "\"" + name + "\" must be " +
+                                  withArticle(json::Value::kindName(kind)) +
+                                  ", not " +
+                                  withArticle(json::Value::kindName(
+                                      member->kind())));
     return Status::ok();
   }
 
@@ -164,8 +172,8 @@ Status ManifestReader::read(Manifest &manifest) {
         " (line " + std::to_string(parseError.line) + ", column " +
         std::to_string(parseError.column) + "): " + parseError.message);
   if (!root.isObject())
-    return errorAt(root, "the manifest must be a JSON object, not a " +
-                             std::string(json::Value::kindName(root.kind())));
+    return errorAt(root, "the manifest must be a JSON object, not " +
+                             withArticle(json::Value::kindName(root.kind())));
 
   // The format and version come first: a newer version may have changed
   // everything else, so nothing else is looked at before they are accepted.

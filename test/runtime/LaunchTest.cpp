@@ -1,0 +1,727 @@
+//===- LaunchTest.cpp - Launching fake kernels through the C API ----------===//
+//
+// The fake kernels (fake_kernels.c) record the descriptors they receive and
+// write outputs that depend on the inputs through their strides, so these
+// tests see exactly what crossed the ABI: pointers, offsets, sizes, strides
+// and argument order, the token-to-row mapping of each layout, the status
+// word, and the empty-batch and device rules.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TestBundle.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using namespace ce;
+using namespace ce::test;
+using ::testing::HasSubstr;
+
+namespace {
+
+constexpr float kPoison = -7.0f;
+
+KernelVariantKey makeKey(KernelOp op, LabelLayout layout,
+                         WeightsKind weights = WeightsKind::None,
+                         bool overwrite = false) {
+  KernelVariantKey key = forwardKey(layout);
+  key.op = op;
+  key.weights = weights;
+  key.overwrite = overwrite;
+  return key;
+}
+
+/// Every fake variant the launch tests use.
+std::vector<KernelSpec> allFakeKernels() {
+  KernelVariantKey i32 = forwardKey();
+  i32.labels = ElemType::I32;
+  KernelVariantKey ignoring = forwardKey();
+  ignoring.ignoreIndex = -100;
+  return {
+      {forwardKey(), "fake_forward_flat", {}},
+      {i32, "fake_forward_flat_i32", {}},
+      {ignoring, "fake_forward_flat", {}},
+      {forwardKey(LabelLayout::SbvBs), "fake_forward_bs", {}},
+      {forwardKey(LabelLayout::SbvSb), "fake_forward_sb", {}},
+      {makeKey(KernelOp::Backward, LabelLayout::Flat), "fake_backward_flat",
+       {}},
+      {makeKey(KernelOp::Backward, LabelLayout::SbvBs), "fake_backward_bs", {}},
+      {makeKey(KernelOp::Backward, LabelLayout::Flat, WeightsKind::None, true),
+       "fake_backward_flat_overwrite",
+       {}},
+      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Scalar),
+       "fake_fused_flat_scalar",
+       {}},
+      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Token),
+       "fake_fused_flat_token",
+       {}},
+      {makeKey(KernelOp::Fused, LabelLayout::SbvSb, WeightsKind::Token),
+       "fake_fused_sb_token",
+       {}},
+      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Scalar, true),
+       "fake_fused_flat_scalar_overwrite",
+       {}},
+  };
+}
+
+/// A flat problem: logits [N, V] with padded rows, labels with stride 3,
+/// loss with stride 2, lse packed. x[n][j] = 100 n + j.
+struct FlatProblem {
+  int64_t n, v, rowStride;
+  std::vector<float> logits, loss, lse, grad;
+  std::vector<int64_t> labels;
+  ce_tensor tLogits, tLabels, tLoss, tLse, tGrad;
+
+  FlatProblem(int64_t n = 5, int64_t v = 7)
+      : n(n), v(v), rowStride(v + 3), logits(n * rowStride + 1, kPoison),
+        loss(2 * n + 1, kPoison), lse(n + 1, kPoison),
+        grad(n * rowStride + 1, kPoison), labels(3 * n + 1, -1) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < v; ++j)
+        logits[i * rowStride + j] = static_cast<float>(100 * i + j);
+      labels[3 * i] = (2 * i + 1) % v;
+    }
+    tLogits = view(logits.data(), CE_DTYPE_F32, {n, v}, {rowStride, 1});
+    tLabels = view(labels.data(), CE_DTYPE_I64, {n}, {3});
+    tLoss = view(loss.data(), CE_DTYPE_F32, {n}, {2});
+    tLse = packed(lse.data(), CE_DTYPE_F32, {n});
+    tGrad = view(grad.data(), CE_DTYPE_F32, {n, v}, {rowStride, 1});
+  }
+  int64_t label(int64_t i) const { return labels[3 * i]; }
+  float target(int64_t i) const { return logits[i * rowStride + label(i)]; }
+};
+
+TEST(Launch, ForwardFlatPassesDescriptors) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_STREQ(ce_last_error_message(), "");
+
+  const FakeRecord &r = bundle.record();
+  ASSERT_EQ(r.calls, 1);
+  ASSERT_EQ(r.numArgs, 5);
+  void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(),
+                  p.lse.data()};
+  int ranks[] = {2, 1, 1, 1, 1};
+  for (int a = 0; a < 5; ++a) {
+    SCOPED_TRACE(a);
+    EXPECT_EQ(r.ranks[a], ranks[a]);
+    EXPECT_EQ(r.offsets[a], 0);
+    EXPECT_EQ(r.allocated[a], r.aligned[a]);
+    if (a < 4) {
+      EXPECT_EQ(r.aligned[a], data[a]);
+    }
+  }
+  EXPECT_EQ(r.sizes[0][0], p.n);
+  EXPECT_EQ(r.sizes[0][1], p.v);
+  EXPECT_EQ(r.strides[0][0], p.rowStride);
+  EXPECT_EQ(r.strides[0][1], 1);
+  EXPECT_EQ(r.sizes[1][0], p.n);
+  EXPECT_EQ(r.strides[1][0], 3);
+  EXPECT_EQ(r.strides[2][0], 2);
+  EXPECT_EQ(r.strides[3][0], 1);
+  EXPECT_EQ(r.sizes[4][0], 1);   // status
+  EXPECT_EQ(r.strides[4][0], 1); // status
+  EXPECT_EQ(r.statusOnEntry, 0); // the runtime zeroes it
+
+  for (int64_t i = 0; i < p.n; ++i) {
+    EXPECT_EQ(p.loss[2 * i], 1.5f);
+    EXPECT_EQ(p.loss[2 * i + 1], kPoison); // between strided elements
+    EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+  }
+  EXPECT_EQ(p.lse[p.n], kPoison);
+}
+
+TEST(Launch, NullOptionsMeanDefaults) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+}
+
+TEST(Launch, ArgumentOrderFollowsTheManifest) {
+  std::vector<std::tuple<std::string, int, std::string>> reversed = {
+      {"status", 1, "i64"},
+      {"lse", 1, "f32"},
+      {"loss", 1, "f32"},
+      {"labels", 1, "i64"},
+      {"logits", 2, "f32"}};
+  FakeBundle bundle({{forwardKey(), "fake_forward_flat_reversed", reversed}});
+  FlatProblem p;
+  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  for (int64_t i = 0; i < p.n; ++i) {
+    EXPECT_EQ(p.loss[2 * i], 1.5f);
+    EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+  }
+}
+
+TEST(Launch, Int32Labels) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  std::vector<int32_t> labels(p.n);
+  for (int64_t i = 0; i < p.n; ++i)
+    labels[i] = static_cast<int32_t>(p.label(i));
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I32, {p.n});
+  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  for (int64_t i = 0; i < p.n; ++i)
+    EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+}
+
+/// [S, B, V] logits as a transposed, padded view of a [B, S, V + 2] buffer:
+/// x[s][b][j] = 1000 s + 100 b + j.
+struct SbvProblem {
+  int64_t s = 3, b = 4, v = 5, pad = 2;
+  std::vector<float> storage;
+  ce_tensor tLogits;
+  SbvProblem() : storage(b * s * (v + pad), kPoison) {
+    for (int64_t si = 0; si < s; ++si)
+      for (int64_t bi = 0; bi < b; ++bi)
+        for (int64_t j = 0; j < v; ++j)
+          storage[(bi * s + si) * (v + pad) + j] =
+              static_cast<float>(1000 * si + 100 * bi + j);
+    tLogits = view(storage.data(), CE_DTYPE_F32, {s, b, v},
+                   {v + pad, s * (v + pad), 1});
+  }
+  float x(int64_t si, int64_t bi, int64_t j) const {
+    return static_cast<float>(1000 * si + 100 * bi + j);
+  }
+};
+
+TEST(Launch, ForwardSbvWithBsLabels) {
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  // [B, S] labels read through a transposed view of an [S, B] buffer.
+  std::vector<int64_t> labels(p.s * p.b);
+  for (int64_t si = 0; si < p.s; ++si)
+    for (int64_t bi = 0; bi < p.b; ++bi)
+      labels[si * p.b + bi] = (si + 2 * bi) % p.v;
+  ce_tensor tLabels = view(labels.data(), CE_DTYPE_I64, {p.b, p.s}, {1, p.b});
+  std::vector<float> loss(p.b * p.s, kPoison), lse(p.b * p.s, kPoison);
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_BS;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
+                       &tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  EXPECT_EQ(r.ranks[0], 3);
+  EXPECT_EQ(r.strides[0][0], p.v + p.pad);
+  EXPECT_EQ(r.strides[0][1], p.s * (p.v + p.pad));
+  EXPECT_EQ(r.sizes[1][0], p.b);
+  EXPECT_EQ(r.sizes[1][1], p.s);
+  EXPECT_EQ(r.strides[1][0], 1);
+  EXPECT_EQ(r.strides[1][1], p.b);
+  for (int64_t bi = 0; bi < p.b; ++bi)
+    for (int64_t si = 0; si < p.s; ++si) {
+      EXPECT_EQ(loss[bi * p.s + si], 1.5f);
+      EXPECT_EQ(lse[bi * p.s + si],
+                2.5f + p.x(si, bi, labels[si * p.b + bi]));
+    }
+}
+
+TEST(Launch, ForwardSbvWithSbLabels) {
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  std::vector<int32_t> unused;
+  std::vector<int64_t> labels(p.s * p.b);
+  for (int64_t i = 0; i < p.s * p.b; ++i)
+    labels[i] = (3 * i) % p.v;
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.s, p.b});
+  std::vector<float> loss(p.s * p.b), lse(p.s * p.b);
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_SB;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
+                       &tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  for (int64_t si = 0; si < p.s; ++si)
+    for (int64_t bi = 0; bi < p.b; ++bi)
+      EXPECT_EQ(lse[si * p.b + bi], 2.5f + p.x(si, bi, labels[si * p.b + bi]));
+}
+
+TEST(Launch, BackwardWithBroadcastGradLoss) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  for (int64_t i = 0; i < p.n; ++i)
+    p.lse[i] = 10.0f * i;
+  float upstream = 4.0f;
+  ce_tensor tGradLoss = view(&upstream, CE_DTYPE_F32, {p.n}, {0});
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  ASSERT_EQ(r.numArgs, 6);
+  EXPECT_EQ(r.aligned[3], &upstream);
+  EXPECT_EQ(r.strides[3][0], 0);
+  EXPECT_EQ(r.aligned[4], p.grad.data());
+  EXPECT_EQ(r.strides[4][0], p.rowStride);
+  for (int64_t i = 0; i < p.n; ++i) {
+    for (int64_t j = 0; j < p.v; ++j)
+      EXPECT_EQ(p.grad[i * p.rowStride + j], 2.0f + 10.0f * i);
+    EXPECT_EQ(p.grad[i * p.rowStride + p.v], kPoison); // row padding
+  }
+  // The logits are untouched.
+  EXPECT_EQ(p.logits[p.rowStride + 2], 102.0f);
+}
+
+TEST(Launch, BackwardSbvBs) {
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  std::vector<int64_t> labels(p.b * p.s, 1);
+  std::vector<float> lse(p.b * p.s), gradLoss(p.b * p.s);
+  for (int64_t i = 0; i < p.b * p.s; ++i) {
+    lse[i] = static_cast<float>(i);
+    gradLoss[i] = static_cast<float>(2 * i);
+  }
+  std::vector<float> grad(p.s * p.b * p.v, kPoison);
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.b, p.s});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.s, p.b, p.v});
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &tLabels, &tLse,
+                        &tGradLoss, &tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  for (int64_t si = 0; si < p.s; ++si)
+    for (int64_t bi = 0; bi < p.b; ++bi)
+      for (int64_t j = 0; j < p.v; ++j) {
+        int64_t token = bi * p.s + si;
+        EXPECT_EQ(grad[(si * p.b + bi) * p.v + j], 2.0f * token);
+      }
+}
+
+TEST(Launch, BackwardOverwritesLogits) {
+  FakeBundle bundle(allFakeKernels());
+  ce_options options = defaultOptions();
+  options.overwrite_input = 1;
+  for (bool passLogitsAsGrad : {false, true}) {
+    SCOPED_TRACE(passLogitsAsGrad);
+    FlatProblem p;
+    std::vector<float> gradLoss(p.n, 2.0f);
+    ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+    for (int64_t i = 0; i < p.n; ++i)
+      p.lse[i] = 1.0f;
+    ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                          &p.tLse, &tGradLoss,
+                          passLogitsAsGrad ? &p.tLogits : nullptr, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    EXPECT_EQ(bundle.record().numArgs, 5);
+    for (int64_t i = 0; i < p.n; ++i) {
+      for (int64_t j = 0; j < p.v; ++j)
+        EXPECT_EQ(p.logits[i * p.rowStride + j], 2.0f);
+      EXPECT_EQ(p.logits[i * p.rowStride + p.v], kPoison);
+    }
+    EXPECT_EQ(p.grad[0], kPoison);
+  }
+}
+
+TEST(Launch, ForwardIgnoresOverwriteInput) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  options.overwrite_input = 1;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+}
+
+TEST(Launch, FusedScalarAndTokenWeights) {
+  FakeBundle bundle(allFakeKernels());
+  {
+    FlatProblem p;
+    float weight = 0.25f;
+    ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &tWeight, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    const FakeRecord &r = bundle.record();
+    ASSERT_EQ(r.numArgs, 7);
+    EXPECT_EQ(r.ranks[2], 0);
+    EXPECT_EQ(r.aligned[2], &weight);
+    for (int64_t i = 0; i < p.n; ++i) {
+      EXPECT_EQ(p.loss[2 * i], 1.5f);
+      EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+      EXPECT_EQ(p.grad[i * p.rowStride + p.v - 1], 0.25f);
+    }
+  }
+  {
+    FlatProblem p;
+    std::vector<float> weights(2 * p.n);
+    for (int64_t i = 0; i < p.n; ++i)
+      weights[2 * i] = static_cast<float>(i) + 0.5f;
+    ce_tensor tWeights = view(weights.data(), CE_DTYPE_F32, {p.n}, {2});
+    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &tWeights, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    EXPECT_EQ(bundle.record().ranks[2], 1);
+    for (int64_t i = 0; i < p.n; ++i)
+      EXPECT_EQ(p.grad[i * p.rowStride], static_cast<float>(i) + 0.5f);
+  }
+}
+
+TEST(Launch, FusedSbvSbTokenWeights) {
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  int64_t t = p.s * p.b;
+  std::vector<int64_t> labels(t, 2);
+  std::vector<float> weights(t), loss(t), lse(t), grad(t * p.v, kPoison);
+  for (int64_t i = 0; i < t; ++i)
+    weights[i] = static_cast<float>(i);
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.s, p.b});
+  ce_tensor tWeights = packed(weights.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.s, p.b, p.v});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_SB;
+  ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &tLabels, &tWeights,
+                     &tLoss, &tLse, &tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  for (int64_t i = 0; i < t; ++i)
+    EXPECT_EQ(grad[i * p.v + 3], static_cast<float>(i));
+}
+
+TEST(Launch, FusedOverwrite) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  float weight = 3.0f;
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  ce_options options = defaultOptions();
+  options.overwrite_input = 1;
+  ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                     &p.tLoss, &p.tLse, nullptr, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 6);
+  EXPECT_EQ(p.logits[2 * p.rowStride + 1], 3.0f);
+  // The forward part read the logits before overwriting them.
+  EXPECT_EQ(p.loss[0], 1.5f);
+}
+
+TEST(Launch, VocabularyOfOneAcceptsAnyVocabStride) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p(4, 1);
+  std::vector<int64_t> zeros(3 * p.n, 0);
+  ce_tensor tLabels = view(zeros.data(), CE_DTYPE_I64, {p.n}, {3});
+  ce_tensor tLogits = view(p.logits.data(), CE_DTYPE_F32, {p.n, 1},
+                           {p.rowStride, 0});
+  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &tLogits, &tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().strides[0][1], 1); // normalized for the kernel
+}
+
+TEST(Launch, EmptyBatchLaunchesNothing) {
+  FakeBundle bundle(allFakeKernels());
+  float dummy = 0;
+  int64_t label = 0;
+  ce_tensor logits = view(nullptr, CE_DTYPE_F32, {0, 7}, {7, 1});
+  ce_tensor labels = view(nullptr, CE_DTYPE_I64, {0}, {1});
+  ce_tensor loss = view(nullptr, CE_DTYPE_F32, {0}, {1});
+  ce_tensor lse = view(nullptr, CE_DTYPE_F32, {0}, {1});
+  ce_tensor gradLoss = view(&dummy, CE_DTYPE_F32, {0}, {0});
+  ce_tensor grad = view(nullptr, CE_DTYPE_F32, {0, 7}, {7, 1});
+  ce_tensor weight = view(&dummy, CE_DTYPE_F32, {}, {});
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &logits, &labels, &loss, &lse,
+                       nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(ce_backward(bundle.get(), nullptr, &logits, &labels, &lse,
+                        &gradLoss, &grad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(ce_fused(bundle.get(), nullptr, &logits, &labels, &weight, &loss,
+                     &lse, &grad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  // [S, B, V] with S == 0 or B == 0; and V == 0 with no tokens.
+  ce_options options = defaultOptions();
+  for (auto [s, b, v] : {std::tuple<int64_t, int64_t, int64_t>{0, 4, 5},
+                         {3, 0, 5},
+                         {0, 0, 0}}) {
+    SCOPED_TRACE(::testing::Message() << s << "," << b << "," << v);
+    ce_tensor sbv = view(nullptr, CE_DTYPE_F32, {s, b, v}, {b * v, v, 1});
+    ce_tensor tokens = view(&label, CE_DTYPE_I64, {b, s}, {s, 1});
+    ce_tensor tokenOut = view(nullptr, CE_DTYPE_F32, {b, s}, {s, 1});
+    ce_tensor tokenOut2 = view(nullptr, CE_DTYPE_F32, {b, s}, {s, 1});
+    EXPECT_EQ(ce_forward(bundle.get(), &options, &sbv, &tokens, &tokenOut,
+                         &tokenOut2, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+  }
+  EXPECT_EQ(bundle.calls(), 0);
+
+  // A missing variant is still an error with no tokens.
+  ce_tensor f16Logits = view(nullptr, CE_DTYPE_F16, {0, 7}, {7, 1});
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &f16Logits, &labels, &loss, &lse,
+                       nullptr),
+            CE_ERROR_VARIANT_NOT_FOUND);
+}
+
+TEST(Launch, MissingVariantSaysHowToGenerateIt) {
+  FakeBundle bundle({{forwardKey(), "fake_forward_flat", {}}});
+  SbvProblem p;
+  std::vector<int64_t> labels(p.s * p.b, 0);
+  std::vector<float> loss(p.s * p.b), lse(p.s * p.b);
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.s, p.b});
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.s, p.b});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_SB;
+  options.has_ignore_index = 1;
+  options.ignore_index = -100;
+  options.label_smoothing = 0.1f;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
+                       &tLse, nullptr),
+            CE_ERROR_VARIANT_NOT_FOUND);
+  KernelVariantKey wanted = forwardKey(LabelLayout::SbvSb);
+  wanted.ignoreIndex = -100;
+  wanted.labelSmoothing = 0.1f;
+  std::string message = ce_last_error_message();
+  EXPECT_THAT(message, HasSubstr("ce_forward: kernel variant not found"));
+  EXPECT_THAT(message, HasSubstr("\"" + wanted.str() + "\""));
+  EXPECT_THAT(message, HasSubstr(bundle.path()));
+  EXPECT_THAT(message,
+              HasSubstr("ce-gen --target=host -o DIR --op=forward "
+                        "--logits=f32 --labels=i64 --layout=sbv_sb "
+                        "--ignore-index=-100 --label-smoothing=0.100000001 "
+                        "--z-loss=0"));
+  EXPECT_THAT(message, HasSubstr("nearest: \"" + forwardKey().str() + "\""));
+  EXPECT_EQ(bundle.calls(), 0);
+}
+
+TEST(Launch, LabelOutOfRangeFlat) {
+  FakeBundle bundle(allFakeKernels());
+  for (int64_t bad : {int64_t(12345), int64_t(7), int64_t(-5)}) {
+    SCOPED_TRACE(bad);
+    FlatProblem p(6, 7);
+    p.labels[3 * 4] = bad;
+    ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_LABEL_OUT_OF_RANGE);
+    std::string message = ce_last_error_message();
+    EXPECT_THAT(message, HasSubstr("token 4 (n=4)"));
+    EXPECT_THAT(message, HasSubstr("label " + std::to_string(bad) +
+                                   " is not in [0, 7)"));
+    EXPECT_THAT(message, HasSubstr("no ignore_index is set"));
+    EXPECT_THAT(message, HasSubstr("loss is NaN"));
+    EXPECT_TRUE(std::isnan(p.loss[2 * 4]));
+    EXPECT_EQ(bundle.record().statusOnEntry, 0);
+  }
+  // The next call starts from a zeroed status again.
+  FlatProblem good;
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &good.tLogits, &good.tLabels,
+                       &good.tLoss, &good.tLse, nullptr),
+            CE_OK);
+  EXPECT_EQ(bundle.record().statusOnEntry, 0);
+}
+
+TEST(Launch, LabelOutOfRangeNamesTheIgnoreIndex) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  p.labels[0] = 12345;
+  ce_options options = defaultOptions();
+  options.has_ignore_index = 1;
+  options.ignore_index = -100;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_ERROR_LABEL_OUT_OF_RANGE);
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr("is not the ignore_index -100"));
+}
+
+TEST(Launch, LabelOutOfRangeGivesTokenCoordinates) {
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  int64_t t = p.s * p.b;
+  std::vector<float> loss(t), lse(t);
+  {
+    // [B, S] labels: token (b=2, s=1) is linear index 2 * S + 1.
+    std::vector<int64_t> labels(t, 0);
+    labels[2 * p.s + 1] = 12345;
+    ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.b, p.s});
+    ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.b, p.s});
+    ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
+    ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &tLabels, &tLoss,
+                         &tLse, nullptr),
+              CE_ERROR_LABEL_OUT_OF_RANGE);
+    EXPECT_THAT(ce_last_error_message(),
+                HasSubstr("token 7 (b=2, s=1): label 12345 is not in [0, 5)"));
+  }
+  {
+    // [S, B] labels, strided: token (s=2, b=1) is linear index 2 * B + 1.
+    std::vector<int64_t> labels(2 * t, 0);
+    labels[2 * (2 * p.b + 1)] = -1;
+    ce_tensor tLabels =
+        view(labels.data(), CE_DTYPE_I64, {p.s, p.b}, {2 * p.b, 2});
+    ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.s, p.b});
+    ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.s, p.b});
+    ce_options options = defaultOptions();
+    options.label_layout = CE_LABELS_SB;
+    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
+                         &tLse, nullptr),
+              CE_ERROR_LABEL_OUT_OF_RANGE);
+    EXPECT_THAT(ce_last_error_message(),
+                HasSubstr("token 9 (s=2, b=1): label -1 is not in [0, 5)"));
+  }
+}
+
+TEST(Launch, LabelOutOfRangeInBackwardAndFused) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  p.labels[3 * 2] = 99;
+  std::vector<float> gradLoss(p.n, 1.0f);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+            CE_ERROR_LABEL_OUT_OF_RANGE);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("ce_backward: "));
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("gradient row is NaN"));
+  EXPECT_TRUE(std::isnan(p.grad[2 * p.rowStride]));
+  float weight = 1.0f;
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &tWeight,
+                     &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+            CE_ERROR_LABEL_OUT_OF_RANGE);
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr("token 2 (n=2): label 99 is not in [0, 7)"));
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr("loss and gradient row are NaN"));
+}
+
+TEST(Launch, InconsistentStatusIsABackendError) {
+  FlatProblem p;
+  {
+    FakeBundle bundle({{forwardKey(), "fake_forward_flat_bad_status", {}}});
+    EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_BACKEND);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr("names no token"));
+  }
+  {
+    FakeBundle bundle({{forwardKey(), "fake_forward_flat_false_alarm", {}}});
+    EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_BACKEND);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr("is valid"));
+  }
+}
+
+TEST(Launch, GpuDevicesHaveNoBackendYet) {
+  FakeBundle bundle(allFakeKernels());
+  for (auto [device, name] : {std::pair{CE_DEVICE_CUDA, "CUDA"},
+                              std::pair{CE_DEVICE_HIP, "HIP"}}) {
+    SCOPED_TRACE(name);
+    FlatProblem p;
+    for (ce_tensor *t : {&p.tLogits, &p.tLabels, &p.tLoss, &p.tLse}) {
+      t->device = device;
+      t->device_index = 1;
+    }
+    EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_NO_DEVICE);
+    EXPECT_THAT(ce_last_error_message(),
+                HasSubstr(std::string("no ") + name +
+                          " device backend available on this machine"));
+  }
+  EXPECT_EQ(bundle.calls(), 0);
+}
+
+TEST(Launch, ErrorMessagesAreClearedAndThreadLocal) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  EXPECT_EQ(ce_forward(nullptr, nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_STREQ(ce_last_error_message(), "ce_forward: bundle is NULL");
+  std::string other;
+  std::thread([&] {
+    EXPECT_STREQ(ce_last_error_message(), "");
+    FlatProblem q;
+    EXPECT_EQ(ce_forward(bundle.get(), nullptr, &q.tLogits, &q.tLabels,
+                         &q.tLoss, &q.tLse, nullptr),
+              CE_OK);
+    other = ce_last_error_message();
+  }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_STREQ(ce_last_error_message(), "ce_forward: bundle is NULL");
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK);
+  EXPECT_STREQ(ce_last_error_message(), "");
+}
+
+TEST(Launch, ConcurrentLaunchesOnOneBundle) {
+  FakeBundle bundle(allFakeKernels());
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int iteration = 0; iteration < 50; ++iteration) {
+        FlatProblem p(3 + t, 5 + iteration % 3);
+        KernelOp op = iteration % 2 ? KernelOp::Forward : KernelOp::Fused;
+        float weight = 1.0f;
+        ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+        ce_status status =
+            op == KernelOp::Forward
+                ? ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                             &p.tLoss, &p.tLse, nullptr)
+                : ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                           &tWeight, &p.tLoss, &p.tLse, &p.tGrad, nullptr);
+        if (status != CE_OK)
+          ++failures;
+        for (int64_t i = 0; i < p.n; ++i)
+          if (p.lse[i] != 2.5f + p.target(i))
+            ++failures;
+      }
+    });
+  for (std::thread &thread : threads)
+    thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(Launch, ReopeningABundleDoesNotReuseStaleKernels) {
+  FlatProblem p;
+  {
+    FakeBundle first({{forwardKey(), "fake_forward_flat_bad_status", {}}});
+    EXPECT_EQ(ce_forward(first.get(), nullptr, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_BACKEND);
+  }
+  FakeBundle second({{forwardKey(), "fake_forward_flat", {}}});
+  EXPECT_EQ(ce_forward(second.get(), nullptr, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+}
+
+} // namespace

@@ -1,0 +1,105 @@
+//===- TestBundle.h - Hand-made bundles for runtime tests -------*- C++ -*-===//
+//
+// Builds bundle directories in a temporary location: a manifest written from
+// a list of kernel specs and a copy of the fake kernel object
+// (fake_kernels.c), and gives access to what the fake kernels record.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_TEST_RUNTIME_TESTBUNDLE_H
+#define CE_TEST_RUNTIME_TESTBUNDLE_H
+
+#include "ce/runtime/VariantKey.h"
+#include "ce/runtime/ce_runtime.h"
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ce::test {
+
+/// Mirrors FakeRecord in fake_kernels.c.
+struct FakeRecord {
+  int64_t calls;
+  int32_t numArgs;
+  int32_t ranks[8];
+  void *allocated[8];
+  void *aligned[8];
+  int64_t offsets[8];
+  int64_t sizes[8][3];
+  int64_t strides[8][3];
+  int64_t statusOnEntry;
+};
+
+/// One kernel entry of a manifest.
+struct KernelSpec {
+  KernelVariantKey key;
+  std::string symbol;
+  /// (role, rank, dtype) in call order; empty means the canonical order for
+  /// `key`, as ce-gen writes it.
+  std::vector<std::tuple<std::string, int, std::string>> args;
+};
+
+/// The canonical args of `key` per docs/bundle-format.md.
+std::vector<std::tuple<std::string, int, std::string>>
+canonicalArgs(const KernelVariantKey &key);
+
+/// The JSON text of a manifest holding `kernels` in host-x86_64.so.
+std::string manifestJson(const std::vector<KernelSpec> &kernels);
+
+/// A temporary directory removed on destruction.
+class TempDir {
+public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir &) = delete;
+  TempDir &operator=(const TempDir &) = delete;
+  const std::string &path() const { return dirPath; }
+  /// Writes `contents` to `path()/name`.
+  void write(const std::string &name, const std::string &contents) const;
+  /// Copies the fake kernel object to `path()/name`.
+  void copyFakeKernels(const std::string &name = "host-x86_64.so") const;
+
+private:
+  std::string dirPath;
+};
+
+/// A bundle directory with the fake kernels and a manifest for `kernels`,
+/// opened through the C API.
+class FakeBundle {
+public:
+  explicit FakeBundle(const std::vector<KernelSpec> &kernels);
+  ~FakeBundle();
+  FakeBundle(const FakeBundle &) = delete;
+  FakeBundle &operator=(const FakeBundle &) = delete;
+
+  ce_bundle *get() const { return bundle; }
+  const std::string &path() const { return dir.path(); }
+  /// What the fake kernels of this bundle's object recorded.
+  FakeRecord &record() const { return *fakeRecord; }
+  int64_t calls() const { return fakeRecord->calls; }
+
+private:
+  TempDir dir;
+  ce_bundle *bundle = nullptr;
+  void *handle = nullptr;
+  FakeRecord *fakeRecord = nullptr;
+};
+
+/// The variant every test starts from: forward, f32 logits, i64 labels.
+KernelVariantKey forwardKey(LabelLayout layout = LabelLayout::Flat);
+
+/// A host tensor view of `data`.
+ce_tensor view(void *data, ce_dtype dtype, std::vector<int64_t> sizes,
+               std::vector<int64_t> strides);
+/// A packed (row-major) host tensor view of `data`.
+ce_tensor packed(void *data, ce_dtype dtype, std::vector<int64_t> sizes);
+
+/// Options from ce_options_init.
+ce_options defaultOptions();
+
+} // namespace ce::test
+
+#endif // CE_TEST_RUNTIME_TESTBUNDLE_H

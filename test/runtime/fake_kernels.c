@@ -1,0 +1,274 @@
+/*===- fake_kernels.c - Stand-in host kernels for runtime tests -----------===*
+ *
+ * Implements the host kernel ABI of docs/bundle-format.md (one pointer per
+ * argument, each to an MLIR strided memref descriptor) with trivial bodies
+ * whose outputs reveal whether the runtime passed the right descriptors:
+ *
+ *   loss[t] = 1.5
+ *   lse[t]  = 2.5 + logits[row(t)][label[t]]       (forward, fused)
+ *   grad[row(t)][j] = grad_loss[t] * 0.5 + lse[t]  (backward)
+ *   grad[row(t)][j] = weight(t)                    (fused)
+ *
+ * where row(t) maps the linear token index t (row-major over the labels'
+ * shape T) to its logits row per layout. A label outside [0, V) stores
+ * 1 + t in status (the first such token) and NaN as that token's outputs,
+ * as the contract asks. Every call also records the descriptors it got in
+ * `ce_fake_record`, which the tests read through dlsym. Logits are f32.
+ *
+ *===----------------------------------------------------------------------===*/
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define FAKE_MAX_ARGS 8
+
+/* What the last call received. */
+typedef struct FakeRecord {
+  int64_t calls;
+  int32_t num_args;
+  int32_t ranks[FAKE_MAX_ARGS];
+  void *allocated[FAKE_MAX_ARGS];
+  void *aligned[FAKE_MAX_ARGS];
+  int64_t offsets[FAKE_MAX_ARGS];
+  int64_t sizes[FAKE_MAX_ARGS][3];
+  int64_t strides[FAKE_MAX_ARGS][3];
+  int64_t status_on_entry;
+} FakeRecord;
+
+__attribute__((visibility("default"))) FakeRecord ce_fake_record;
+
+/* A descriptor seen as words: allocated, aligned, offset, sizes, strides. */
+typedef int64_t Desc;
+
+enum Layout { FLAT, SBV_BS, SBV_SB };
+
+static void *aligned_of(Desc *d) {
+  void *pointer;
+  memcpy(&pointer, &d[1], sizeof(pointer));
+  return pointer;
+}
+static int64_t size_of(Desc *d, int rank, int i) {
+  (void)rank;
+  return d[3 + i];
+}
+static int64_t stride_of(Desc *d, int rank, int i) { return d[3 + rank + i]; }
+
+static void record(int n, Desc **descs, const int *ranks) {
+  ce_fake_record.calls++;
+  ce_fake_record.num_args = n;
+  for (int a = 0; a < n; ++a) {
+    ce_fake_record.ranks[a] = ranks[a];
+    memcpy(&ce_fake_record.allocated[a], &descs[a][0], sizeof(void *));
+    ce_fake_record.aligned[a] = aligned_of(descs[a]);
+    ce_fake_record.offsets[a] = descs[a][2];
+    for (int i = 0; i < ranks[a]; ++i) {
+      ce_fake_record.sizes[a][i] = size_of(descs[a], ranks[a], i);
+      ce_fake_record.strides[a][i] = stride_of(descs[a], ranks[a], i);
+    }
+  }
+}
+
+/* Element offset of token (i0, i1) in a token-shaped descriptor. */
+static int64_t token_offset(Desc *d, int rank, int64_t i0, int64_t i1) {
+  int64_t offset = d[2] + i0 * stride_of(d, rank, 0);
+  if (rank == 2)
+    offset += i1 * stride_of(d, rank, 1);
+  return offset;
+}
+
+typedef struct Call {
+  int layout;
+  int labels_i32;
+  Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights,
+      *grad, *status;
+  int weights_rank; /* 0 (scalar) or the token rank */
+} Call;
+
+static void run(const Call *c) {
+  int token_rank = c->layout == FLAT ? 1 : 2;
+  int logits_rank = token_rank + 1;
+  int64_t t0 = size_of(c->labels, token_rank, 0);
+  int64_t t1 = token_rank == 2 ? size_of(c->labels, token_rank, 1) : 1;
+  int64_t vocab = size_of(c->logits, logits_rank, logits_rank - 1);
+  int64_t *status = (int64_t *)aligned_of(c->status) + c->status[2];
+  ce_fake_record.status_on_entry = *status;
+  float *x = (float *)aligned_of(c->logits) + c->logits[2];
+  for (int64_t i0 = 0; i0 < t0; ++i0) {
+    for (int64_t i1 = 0; i1 < t1; ++i1) {
+      int64_t t = i0 * t1 + i1;
+      /* Logits row of the token: [N] -> n; [B,S] -> (s, b); [S,B] -> (s, b). */
+      int64_t rowOffset;
+      if (c->layout == FLAT)
+        rowOffset = i0 * stride_of(c->logits, 2, 0);
+      else if (c->layout == SBV_BS)
+        rowOffset = i1 * stride_of(c->logits, 3, 0) +
+                    i0 * stride_of(c->logits, 3, 1);
+      else
+        rowOffset = i0 * stride_of(c->logits, 3, 0) +
+                    i1 * stride_of(c->logits, 3, 1);
+      int64_t labelOffset = token_offset(c->labels, token_rank, i0, i1);
+      int64_t label =
+          c->labels_i32
+              ? ((int32_t *)aligned_of(c->labels))[labelOffset]
+              : ((int64_t *)aligned_of(c->labels))[labelOffset];
+      int bad = label < 0 || label >= vocab;
+      if (bad && *status == 0)
+        *status = 1 + t;
+      float target = bad ? NAN : x[rowOffset + label];
+
+      float lse = 0.0f;
+      if (c->loss) {
+        float *loss = (float *)aligned_of(c->loss);
+        loss[token_offset(c->loss, token_rank, i0, i1)] = bad ? NAN : 1.5f;
+      }
+      if (c->lse_out) {
+        lse = 2.5f + target;
+        float *out = (float *)aligned_of(c->lse_out);
+        out[token_offset(c->lse_out, token_rank, i0, i1)] = lse;
+      }
+      if (!c->grad)
+        continue;
+      float value;
+      if (c->grad_loss) {
+        float *g = (float *)aligned_of(c->grad_loss);
+        float *l = (float *)aligned_of(c->lse_in);
+        value = g[token_offset(c->grad_loss, token_rank, i0, i1)] * 0.5f +
+                l[token_offset(c->lse_in, token_rank, i0, i1)];
+      } else {
+        float *w = (float *)aligned_of(c->weights);
+        value = c->weights_rank == 0
+                    ? w[0]
+                    : w[token_offset(c->weights, token_rank, i0, i1)];
+      }
+      if (bad)
+        value = NAN;
+      float *grad = (float *)aligned_of(c->grad) + c->grad[2];
+      int64_t gradRow;
+      if (c->layout == FLAT)
+        gradRow = i0 * stride_of(c->grad, 2, 0);
+      else if (c->layout == SBV_BS)
+        gradRow = i1 * stride_of(c->grad, 3, 0) + i0 * stride_of(c->grad, 3, 1);
+      else
+        gradRow = i0 * stride_of(c->grad, 3, 0) + i1 * stride_of(c->grad, 3, 1);
+      for (int64_t j = 0; j < vocab; ++j)
+        grad[gradRow + j * stride_of(c->grad, logits_rank, logits_rank - 1)] =
+            value;
+    }
+  }
+}
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- forward: (logits, labels, loss, lse, status) ---- */
+
+static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
+                    Desc *loss, Desc *lse, Desc *status) {
+  int tr = layout == FLAT ? 1 : 2;
+  Desc *descs[] = {logits, labels, loss, lse, status};
+  int ranks[] = {tr + 1, tr, tr, tr, 1};
+  record(5, descs, ranks);
+  Call c = {layout, labels_i32, logits, labels, loss, lse, 0, 0, 0, 0, status,
+            0};
+  run(&c);
+}
+
+EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
+  forward(FLAT, 0, a, b, c, d, e);
+}
+EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d,
+                                  Desc *e) {
+  forward(FLAT, 1, a, b, c, d, e);
+}
+EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
+  forward(SBV_BS, 0, a, b, c, d, e);
+}
+EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
+  forward(SBV_SB, 0, a, b, c, d, e);
+}
+/* The same kernel with its arguments in reverse order. */
+EXPORT void fake_forward_flat_reversed(Desc *status, Desc *lse, Desc *loss,
+                                       Desc *labels, Desc *logits) {
+  forward(FLAT, 0, logits, labels, loss, lse, status);
+}
+/* Reports a status that names no token. */
+EXPORT void fake_forward_flat_bad_status(Desc *a, Desc *b, Desc *c, Desc *d,
+                                         Desc *e) {
+  forward(FLAT, 0, a, b, c, d, e);
+  *((int64_t *)aligned_of(e)) = 1 << 30;
+}
+/* Reports token 0 although its label is fine. */
+EXPORT void fake_forward_flat_false_alarm(Desc *a, Desc *b, Desc *c, Desc *d,
+                                          Desc *e) {
+  forward(FLAT, 0, a, b, c, d, e);
+  *((int64_t *)aligned_of(e)) = 1;
+}
+
+/* ---- backward: (logits, labels, lse, grad_loss, [grad], status) ---- */
+
+static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
+                     Desc *grad_loss, Desc *grad, Desc *status) {
+  int tr = layout == FLAT ? 1 : 2;
+  Desc *descs[] = {logits, labels, lse, grad_loss, grad, status};
+  int ranks[] = {tr + 1, tr, tr, tr, tr + 1, 1};
+  if (grad) {
+    record(6, descs, ranks);
+  } else {
+    descs[4] = status;
+    ranks[4] = 1;
+    record(5, descs, ranks);
+  }
+  Call c = {layout, 0,  logits, labels, 0, 0, lse, grad_loss, 0,
+            grad ? grad : logits, status, 0};
+  run(&c);
+}
+
+EXPORT void fake_backward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                               Desc *f) {
+  backward(FLAT, a, b, c, d, e, f);
+}
+EXPORT void fake_backward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                             Desc *f) {
+  backward(SBV_BS, a, b, c, d, e, f);
+}
+EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
+                                         Desc *e) {
+  backward(FLAT, a, b, c, d, 0, e);
+}
+
+/* ---- fused: (logits, labels, weights, loss, lse, [grad], status) ---- */
+
+static void fused(int layout, int weights_rank, Desc *logits, Desc *labels,
+                  Desc *weights, Desc *loss, Desc *lse, Desc *grad,
+                  Desc *status) {
+  int tr = layout == FLAT ? 1 : 2;
+  Desc *descs[] = {logits, labels, weights, loss, lse, grad, status};
+  int ranks[] = {tr + 1, tr, weights_rank, tr, tr, tr + 1, 1};
+  if (grad) {
+    record(7, descs, ranks);
+  } else {
+    descs[5] = status;
+    ranks[5] = 1;
+    record(6, descs, ranks);
+  }
+  Call c = {layout, 0, logits, labels, loss, lse, 0, 0, weights,
+            grad ? grad : logits, status, weights_rank};
+  run(&c);
+}
+
+EXPORT void fake_fused_flat_scalar(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                   Desc *f, Desc *g) {
+  fused(FLAT, 0, a, b, c, d, e, f, g);
+}
+EXPORT void fake_fused_flat_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                  Desc *f, Desc *g) {
+  fused(FLAT, 1, a, b, c, d, e, f, g);
+}
+EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                Desc *f, Desc *g) {
+  fused(SBV_SB, 2, a, b, c, d, e, f, g);
+}
+EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c,
+                                             Desc *d, Desc *e, Desc *f) {
+  fused(FLAT, 0, a, b, c, d, e, 0, f);
+}
