@@ -1,0 +1,47 @@
+//===- KernelBuilder.h - Kernel functions from variant keys -----*- C++ -*-===//
+//
+// Turns a variant key into a `func.func` holding one ce op, with the
+// argument order of the bundle ABI (docs/bundle-format.md), and reads the
+// variant and the argument roles back from such a function.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_CODEGEN_KERNELBUILDER_H
+#define CE_CODEGEN_KERNELBUILDER_H
+
+#include "ce/runtime/VariantKey.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+#include <vector>
+
+namespace mlir::ce {
+
+/// One kernel argument as the manifest describes it.
+struct KernelArg {
+  std::string role;
+  int64_t rank;
+  std::string dtype;
+};
+
+/// A kernel function in the module and what the manifest says about it.
+struct KernelInfo {
+  std::string name;
+  ::ce::KernelVariantKey key;
+  std::vector<KernelArg> args;
+};
+
+/// Adds `func.func @name` computing `key` to `module`.
+func::FuncOp buildKernel(ModuleOp module, StringRef name,
+                         const ::ce::KernelVariantKey &key);
+
+/// Recovers the variant and argument roles of a function whose body is one
+/// ce op fed directly by the function's arguments. Fails with a diagnostic
+/// on the function otherwise.
+FailureOr<KernelInfo> describeKernel(func::FuncOp func);
+
+} // namespace mlir::ce
+
+#endif // CE_CODEGEN_KERNELBUILDER_H

@@ -1,0 +1,41 @@
+//===- BundleWriter.cpp - Write a bundle manifest -------------------------===//
+
+#include "ce/Codegen/BundleWriter.h"
+
+#include "llvm/Support/JSON.h"
+
+using namespace mlir;
+using namespace mlir::ce;
+
+void mlir::ce::writeManifest(llvm::raw_ostream &os,
+                             ArrayRef<BundleObject> objects) {
+  llvm::json::Array objectList;
+  llvm::json::Array kernelList;
+  for (const BundleObject &object : objects) {
+    objectList.push_back(llvm::json::Object{{"file", object.file},
+                                            {"target", object.target},
+                                            {"kind", object.kind}});
+    for (const KernelInfo &kernel : object.kernels) {
+      llvm::json::Array args;
+      for (const KernelArg &arg : kernel.args)
+        args.push_back(llvm::json::Object{
+            {"role", arg.role}, {"rank", arg.rank}, {"dtype", arg.dtype}});
+      kernelList.push_back(llvm::json::Object{
+          {"key", kernel.key.str()},
+          {"target", object.target},
+          {"object", object.file},
+          {"symbol", "_mlir_ciface_" + kernel.name},
+          {"abi", "memref-descriptor-pointers"},
+          {"args", std::move(args)},
+          {"launch", llvm::json::Object{{"block_size", 0},
+                                        {"rows_per_block", 0},
+                                        {"lds_bytes", 0}}}});
+    }
+  }
+  llvm::json::Object manifest{{"format", "cegen-bundle"},
+                              {"version", 1},
+                              {"generator", "ce-gen 0.1.0"},
+                              {"objects", std::move(objectList)},
+                              {"kernels", std::move(kernelList)}};
+  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
+}

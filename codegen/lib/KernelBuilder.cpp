@@ -1,0 +1,259 @@
+//===- KernelBuilder.cpp - Kernel functions from variant keys -------------===//
+
+#include "ce/Codegen/KernelBuilder.h"
+#include "ce/Dialect/CE/IR/CEOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinAttributes.h"
+
+using namespace mlir;
+using namespace mlir::ce;
+using ::ce::ElemType;
+using ::ce::KernelOp;
+using ::ce::KernelVariantKey;
+using ::ce::LabelLayout;
+using ::ce::WeightsKind;
+
+static Type toMlirType(Builder &b, ElemType type) {
+  switch (type) {
+  case ElemType::BF16:
+    return b.getBF16Type();
+  case ElemType::F16:
+    return b.getF16Type();
+  case ElemType::F32:
+    return b.getF32Type();
+  case ElemType::I32:
+    return b.getI32Type();
+  case ElemType::I64:
+    return b.getI64Type();
+  }
+  llvm_unreachable("unknown element type");
+}
+
+static FailureOr<ElemType> fromMlirType(Type type) {
+  if (type.isBF16())
+    return ElemType::BF16;
+  if (type.isF16())
+    return ElemType::F16;
+  if (type.isF32())
+    return ElemType::F32;
+  if (type.isInteger(32))
+    return ElemType::I32;
+  if (type.isInteger(64))
+    return ElemType::I64;
+  return failure();
+}
+
+static Layout toLayout(LabelLayout layout) {
+  switch (layout) {
+  case LabelLayout::Flat:
+    return Layout::flat;
+  case LabelLayout::SbvBs:
+    return Layout::sbv_bs;
+  case LabelLayout::SbvSb:
+    return Layout::sbv_sb;
+  }
+  llvm_unreachable("unknown layout");
+}
+
+static LabelLayout fromLayout(Layout layout) {
+  switch (layout) {
+  case Layout::flat:
+    return LabelLayout::Flat;
+  case Layout::sbv_bs:
+    return LabelLayout::SbvBs;
+  case Layout::sbv_sb:
+    return LabelLayout::SbvSb;
+  }
+  llvm_unreachable("unknown layout");
+}
+
+/// A memref of `rank` dynamic sizes and strides (the last stride 1 when
+/// `unitInnerStride`) at a dynamic offset: any strided view of the caller's.
+static MemRefType stridedMemRef(int64_t rank, Type element,
+                                bool unitInnerStride) {
+  SmallVector<int64_t> shape(rank, ShapedType::kDynamic);
+  SmallVector<int64_t> strides(rank, ShapedType::kDynamic);
+  if (unitInnerStride && rank > 0)
+    strides.back() = 1;
+  auto layout = StridedLayoutAttr::get(element.getContext(),
+                                       ShapedType::kDynamic, strides);
+  return MemRefType::get(shape, element, layout);
+}
+
+func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
+                                   const KernelVariantKey &key) {
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  Location loc = module.getLoc();
+  bool flat = key.layout == LabelLayout::Flat;
+  int64_t tokenRank = flat ? 1 : 2;
+  MemRefType logitsType =
+      stridedMemRef(tokenRank + 1, toMlirType(b, key.logits), true);
+  MemRefType labelsType =
+      stridedMemRef(tokenRank, toMlirType(b, key.labels), false);
+  MemRefType tokenType = stridedMemRef(tokenRank, b.getF32Type(), false);
+  MemRefType statusType = MemRefType::get({1}, b.getI64Type());
+
+  SmallVector<Type> argTypes = {logitsType, labelsType};
+  switch (key.op) {
+  case KernelOp::Forward:
+    argTypes.append({tokenType, tokenType});
+    break;
+  case KernelOp::Backward:
+    argTypes.append({tokenType, tokenType});
+    if (!key.overwrite)
+      argTypes.push_back(logitsType);
+    break;
+  case KernelOp::Fused:
+    argTypes.push_back(key.weights == WeightsKind::Scalar
+                           ? stridedMemRef(0, b.getF32Type(), false)
+                           : tokenType);
+    argTypes.append({tokenType, tokenType});
+    if (!key.overwrite)
+      argTypes.push_back(logitsType);
+    break;
+  }
+  argTypes.push_back(statusType);
+
+  auto func = func::FuncOp::create(b, loc, name,
+                                   b.getFunctionType(argTypes, TypeRange{}));
+  func->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+  Block *entry = func.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto args = entry->getArguments();
+  Value logits = args[0], labels = args[1], status = args.back();
+  auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
+  IntegerAttr ignore =
+      key.ignoreIndex ? b.getI64IntegerAttr(*key.ignoreIndex) : IntegerAttr();
+  FloatAttr smoothing = b.getF32FloatAttr(key.labelSmoothing);
+  FloatAttr zLoss = b.getF32FloatAttr(key.zLoss);
+  UnitAttr overwrite = key.overwrite ? b.getUnitAttr() : UnitAttr();
+  switch (key.op) {
+  case KernelOp::Forward:
+    ForwardOp::create(b, loc, logits, labels, args[2], args[3], status, layout,
+                      ignore, smoothing, zLoss, ShardAttr());
+    break;
+  case KernelOp::Backward:
+    BackwardOp::create(b, loc, logits, labels, args[2], args[3],
+                       key.overwrite ? logits : args[4], status, layout,
+                       ignore, smoothing, zLoss, ShardAttr(), overwrite);
+    break;
+  case KernelOp::Fused:
+    FusedOp::create(b, loc, logits, labels, args[2], args[3], args[4],
+                    key.overwrite ? logits : args[5], status, layout, ignore,
+                    smoothing, zLoss, ShardAttr(), overwrite);
+    break;
+  }
+  func::ReturnOp::create(b, loc);
+  return func;
+}
+
+namespace {
+/// Records which function argument feeds which role of the ce op.
+class RoleMap {
+public:
+  explicit RoleMap(func::FuncOp func)
+      : func(func), roles(func.getNumArguments()) {}
+
+  LogicalResult add(StringRef role, Value value) {
+    auto arg = dyn_cast<BlockArgument>(value);
+    if (!arg || arg.getOwner() != &func.getBody().front())
+      return func.emitError("operand '")
+             << role << "' of the ce op must be a function argument";
+    std::string &slot = roles[arg.getArgNumber()];
+    if (slot.empty())
+      slot = role.str();
+    return success();
+  }
+
+  FailureOr<std::vector<KernelArg>> finish() {
+    std::vector<KernelArg> args;
+    for (auto [i, role] : llvm::enumerate(roles)) {
+      if (role.empty())
+        return func.emitError("argument #")
+               << i << " does not feed the ce op directly";
+      auto type = cast<MemRefType>(func.getArgumentTypes()[i]);
+      FailureOr<ElemType> element = fromMlirType(type.getElementType());
+      if (failed(element))
+        return func.emitError("unsupported element type ")
+               << type.getElementType();
+      args.push_back({role, type.getRank(), ::ce::stringify(*element)});
+    }
+    return args;
+  }
+
+private:
+  func::FuncOp func;
+  std::vector<std::string> roles;
+};
+} // namespace
+
+FailureOr<KernelInfo> mlir::ce::describeKernel(func::FuncOp func) {
+  SmallVector<Operation *> ceOps;
+  func.walk([&](Operation *op) {
+    if (isa<ForwardOp, BackwardOp, FusedOp>(op))
+      ceOps.push_back(op);
+  });
+  if (ceOps.size() != 1)
+    return func.emitError("a kernel function must hold exactly one ce op, "
+                          "found ")
+           << ceOps.size();
+  KernelInfo info;
+  info.name = func.getName().str();
+  KernelVariantKey &key = info.key;
+  RoleMap roles(func);
+  auto common = [&](auto op) -> LogicalResult {
+    if (op.getShard())
+      return op.emitError("vocab-parallel shards cannot be emitted yet");
+    if (!op.getStatus())
+      return op.emitError("a kernel for a bundle needs a status operand to "
+                          "report out-of-range labels");
+    key.logits = *fromMlirType(op.getLogits().getType().getElementType());
+    key.labels = *fromMlirType(op.getLabels().getType().getElementType());
+    key.layout = fromLayout(op.getLayout());
+    if (IntegerAttr ignore = op.getIgnoreIndexAttr())
+      key.ignoreIndex = ignore.getInt();
+    key.labelSmoothing = op.getLabelSmoothing().convertToFloat();
+    key.zLoss = op.getZLoss().convertToFloat();
+    if (failed(roles.add("logits", op.getLogits())) ||
+        failed(roles.add("labels", op.getLabels())))
+      return failure();
+    return success();
+  };
+  LogicalResult result = success();
+  if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
+    key.op = KernelOp::Forward;
+    result = LogicalResult::success(
+        succeeded(common(op)) && succeeded(roles.add("loss", op.getLoss())) &&
+        succeeded(roles.add("lse", op.getLse())) &&
+        succeeded(roles.add("status", op.getStatus())));
+  } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
+    key.op = KernelOp::Backward;
+    key.overwrite = op.getOverwriteInput();
+    result = LogicalResult::success(
+        succeeded(common(op)) && succeeded(roles.add("lse", op.getLse())) &&
+        succeeded(roles.add("grad_loss", op.getGradLoss())) &&
+        succeeded(roles.add("grad", op.getGrad())) &&
+        succeeded(roles.add("status", op.getStatus())));
+  } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
+    key.op = KernelOp::Fused;
+    key.overwrite = op.getOverwriteInput();
+    key.weights = op.getWeights().getType().getRank() == 0
+                      ? WeightsKind::Scalar
+                      : WeightsKind::Token;
+    result = LogicalResult::success(
+        succeeded(common(op)) &&
+        succeeded(roles.add("weights", op.getWeights())) &&
+        succeeded(roles.add("loss", op.getLoss())) &&
+        succeeded(roles.add("lse", op.getLse())) &&
+        succeeded(roles.add("grad", op.getGrad())) &&
+        succeeded(roles.add("status", op.getStatus())));
+  }
+  if (failed(result))
+    return failure();
+  FailureOr<std::vector<KernelArg>> args = roles.finish();
+  if (failed(args))
+    return failure();
+  info.args = std::move(*args);
+  return info;
+}

@@ -1,0 +1,47 @@
+//===- CEAttrs.td - Cross-entropy dialect attributes -------*- tablegen -*-===//
+
+#ifndef CE_DIALECT_CE_IR_CEATTRS_TD
+#define CE_DIALECT_CE_IR_CEATTRS_TD
+
+include "ce/Dialect/CE/IR/CEDialect.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+
+def CE_LayoutFlat : I32EnumAttrCase<"flat", 0>;
+def CE_LayoutSbvBs : I32EnumAttrCase<"sbv_bs", 1>;
+def CE_LayoutSbvSb : I32EnumAttrCase<"sbv_sb", 2>;
+
+def CE_Layout : I32EnumAttr<"Layout",
+    "layout of the logits and of the per-token tensors",
+    [CE_LayoutFlat, CE_LayoutSbvBs, CE_LayoutSbvSb]> {
+  let cppNamespace = "::mlir::ce";
+  let genSpecializedAttr = 0;
+}
+
+def CE_LayoutAttr : EnumAttr<CE_Dialect, CE_Layout, "layout"> {
+  let summary = "Logits and label layout";
+  let description = [{
+    - `flat`: logits `[N, V]`, per-token tensors (labels, loss, ...) `[N]`.
+    - `sbv_bs`: logits `[S, B, V]` (Megatron-Core's sequence-first layout),
+      per-token tensors `[B, S]` (what Megatron hands to its loss).
+    - `sbv_sb`: logits `[S, B, V]`, per-token tensors `[S, B]`.
+
+    Example: `#ce<layout sbv_bs>`.
+  }];
+}
+
+def CE_ShardAttr : AttrDef<CE_Dialect, "Shard"> {
+  let mnemonic = "shard";
+  let summary = "Tensor-parallel vocabulary shard";
+  let description = [{
+    The logits hold the global vocabulary ids `[start, start + V_local)` of a
+    vocabulary of `vocab` ids, where `V_local` is the logits' last dimension.
+
+    Example: `#ce.shard<start = 64128, vocab = 128256>`.
+  }];
+  let parameters = (ins "int64_t":$start, "int64_t":$vocab);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
+#endif // CE_DIALECT_CE_IR_CEATTRS_TD

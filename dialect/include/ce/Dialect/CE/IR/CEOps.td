@@ -1,0 +1,155 @@
+//===- CEOps.td - Cross-entropy dialect operations ---------*- tablegen -*-===//
+
+#ifndef CE_DIALECT_CE_IR_CEOPS_TD
+#define CE_DIALECT_CE_IR_CEOPS_TD
+
+include "ce/Dialect/CE/IR/CEAttrs.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+//===----------------------------------------------------------------------===//
+// Shared operands and attributes
+//===----------------------------------------------------------------------===//
+
+def CE_LogitsMemRef : MemRefOf<[BF16, F16, F32]>;
+def CE_LabelsMemRef : MemRefOf<[I32, I64]>;
+def CE_TokenMemRef : MemRefOf<[F32]>;
+def CE_StatusMemRef : MemRefOf<[I64]>;
+
+/// The configuration every cross-entropy op carries.
+defvar CE_ConfigAttrs = (ins
+  CE_LayoutAttr:$layout,
+  OptionalAttr<I64Attr>:$ignore_index,
+  DefaultValuedAttr<F32Attr, "0.0f">:$label_smoothing,
+  DefaultValuedAttr<F32Attr, "0.0f">:$z_loss,
+  OptionalAttr<CE_ShardAttr>:$shard);
+
+defvar CE_StatusOperand = (ins
+  Arg<Optional<CE_StatusMemRef>, "bad-label status", [MemWrite]>:$status);
+
+defvar CE_StatusFormat =
+  "(`status` `(` $status^ `:` type($status) `)`)? `layout` `=` $layout";
+
+class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
+    : CE_Op<mnemonic, traits> {
+  let hasVerifier = 1;
+  code commonDescription = [{
+    Configuration (shared by all `ce` ops):
+    - `layout`: `flat` (`[N, V]` logits, `[N]` per-token tensors), `sbv_bs`
+      (`[S, B, V]`, `[B, S]`) or `sbv_sb` (`[S, B, V]`, `[S, B]`).
+    - `ignore_index` (optional): tokens with this label get loss 0 and a
+      zero gradient row.
+    - `label_smoothing` in `[0, 1)`, Megatron's formula; `z_loss` >= 0.
+    - `shard` (optional): the logits are a tensor-parallel vocabulary slice.
+
+    Preconditions: the vocabulary (last) dimension of the logits has unit
+    stride; per-token tensors have the layout's token shape; all per-token
+    floats are f32. If `status` (a `memref<1xi64>`) is given, a token whose
+    label lies outside `[0, V)` and is not `ignore_index` stores
+    `1 + linear token index` there; that token's loss and gradient row are NaN
+    and nothing is read or written out of bounds.
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// ForwardOp
+//===----------------------------------------------------------------------===//
+
+def CE_ForwardOp : CE_CrossEntropyOp<"forward"> {
+  let summary = "Per-token cross-entropy loss and log-sum-exp";
+  let description = !strconcat([{
+    Reads each logits row once and writes the per-token loss and log-sum-exp
+    (kept for the backward) in the layout's token shape.
+
+    Example:
+
+    ```mlir
+    ce.forward %logits, %labels into %loss, %lse layout = sbv_bs
+        {ignore_index = -100 : i64, label_smoothing = 1.000000e-01 : f32}
+        : memref<?x?x?xbf16>, memref<?x?xi64> into memref<?x?xf32>, memref<?x?xf32>
+    ```
+  }], commonDescription);
+  let arguments = !con((ins
+    Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
+    Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
+    Arg<CE_TokenMemRef, "per-token loss", [MemWrite]>:$loss,
+    Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse),
+    CE_StatusOperand, CE_ConfigAttrs);
+  let assemblyFormat = !strconcat(
+    "$logits `,` $labels `into` $loss `,` $lse ", CE_StatusFormat,
+    " attr-dict `:` type($logits) `,` type($labels) `into` type($loss) `,` ",
+    "type($lse)");
+}
+
+//===----------------------------------------------------------------------===//
+// BackwardOp
+//===----------------------------------------------------------------------===//
+
+def CE_BackwardOp : CE_CrossEntropyOp<"backward"> {
+  let summary = "Cross-entropy gradient from a stored log-sum-exp";
+  let description = !strconcat([{
+    Writes `dX = g * (softmax(X) * (1 + 2 z lse) - (1 - s) onehot(y) - s / V)`
+    from the forward's `lse` and the upstream per-token gradient `grad_loss`
+    (any strides, including 0). With `overwrite_input`, `grad` must be the
+    logits buffer itself and the gradient replaces the logits; without it,
+    `grad` must be a different buffer.
+
+    Example:
+
+    ```mlir
+    ce.backward %logits, %labels, %lse, %dloss into %logits layout = sbv_bs
+        {overwrite_input}
+        : memref<?x?x?xbf16>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32>
+        into memref<?x?x?xbf16>
+    ```
+  }], commonDescription);
+  let arguments = !con((ins
+    Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
+    Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
+    Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemRead]>:$lse,
+    Arg<CE_TokenMemRef, "upstream per-token gradient", [MemRead]>:$grad_loss,
+    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad),
+    CE_StatusOperand, CE_ConfigAttrs, (ins UnitAttr:$overwrite_input));
+  let assemblyFormat = !strconcat(
+    "$logits `,` $labels `,` $lse `,` $grad_loss `into` $grad ",
+    CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
+    "type($lse) `,` type($grad_loss) `into` type($grad)");
+}
+
+//===----------------------------------------------------------------------===//
+// FusedOp
+//===----------------------------------------------------------------------===//
+
+def CE_FusedOp : CE_CrossEntropyOp<"fused"> {
+  let summary = "Cross-entropy loss, log-sum-exp and gradient in one op";
+  let description = !strconcat([{
+    The forward and the backward in one: legal when the per-token gradient
+    weights are known when the forward runs (a mean over tokens, or given
+    per-token weights). `weights` is a `memref<f32>` scalar applied to every
+    token, or a per-token tensor. `overwrite_input` and `grad` follow
+    `ce.backward`. A lowering reads each logits row once for the statistics
+    and writes the gradient in a second sweep over the same row.
+
+    Example:
+
+    ```mlir
+    ce.fused %logits, %labels, %w into %loss, %lse, %logits layout = flat
+        {overwrite_input, z_loss = 1.000000e-04 : f32}
+        : memref<?x?xbf16>, memref<?xi64>, memref<f32>
+        into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+    ```
+  }], commonDescription);
+  let arguments = !con((ins
+    Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
+    Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
+    Arg<CE_TokenMemRef, "gradient weights", [MemRead]>:$weights,
+    Arg<CE_TokenMemRef, "per-token loss", [MemWrite]>:$loss,
+    Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse,
+    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad),
+    CE_StatusOperand, CE_ConfigAttrs, (ins UnitAttr:$overwrite_input));
+  let assemblyFormat = !strconcat(
+    "$logits `,` $labels `,` $weights `into` $loss `,` $lse `,` $grad ",
+    CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
+    "type($weights) `into` type($loss) `,` type($lse) `,` type($grad)");
+}
+
+#endif // CE_DIALECT_CE_IR_CEOPS_TD

@@ -1,0 +1,33 @@
+//===- CEAttrs.cpp - Cross-entropy dialect attributes ---------------------===//
+
+#include "ce/Dialect/CE/IR/CEAttrs.h"
+#include "ce/Dialect/CE/IR/CEDialect.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+using namespace mlir;
+using namespace mlir::ce;
+
+#include "ce/Dialect/CE/IR/CEEnums.cpp.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "ce/Dialect/CE/IR/CEAttrs.cpp.inc"
+
+LogicalResult ShardAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                int64_t start, int64_t vocab) {
+  if (vocab <= 0)
+    return emitError() << "shard vocabulary size must be positive, got "
+                       << vocab;
+  if (start < 0 || start >= vocab)
+    return emitError() << "shard start " << start
+                       << " is outside the vocabulary [0, " << vocab << ")";
+  return success();
+}
+
+void CEDialect::registerAttributes() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "ce/Dialect/CE/IR/CEAttrs.cpp.inc"
+      >();
+}

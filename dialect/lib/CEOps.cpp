@@ -1,0 +1,256 @@
+//===- CEOps.cpp - Cross-entropy dialect operations -----------------------===//
+//
+// Verifiers. The three ops share one configuration and one set of shape
+// rules, so they share one checker: each op lists its operands by role.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/Dialect/CE/IR/CEOps.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallVector.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::ce;
+
+namespace {
+
+/// A named operand, so diagnostics can say which buffer is wrong.
+struct NamedValue {
+  StringRef name;
+  Value value;
+};
+
+/// Prints a shape as `[4, ?, 7]`.
+std::string formatShape(ArrayRef<int64_t> shape) {
+  std::string text = "[";
+  llvm::raw_string_ostream os(text);
+  llvm::interleaveComma(shape, os, [&](int64_t dim) {
+    if (ShapedType::isDynamic(dim))
+      os << "?";
+    else
+      os << dim;
+  });
+  os << "]";
+  return text;
+}
+
+bool shapesCompatible(ArrayRef<int64_t> lhs, ArrayRef<int64_t> rhs) {
+  if (lhs.size() != rhs.size())
+    return false;
+  for (auto [a, b] : llvm::zip_equal(lhs, rhs))
+    if (!ShapedType::isDynamic(a) && !ShapedType::isDynamic(b) && a != b)
+      return false;
+  return true;
+}
+
+/// Checks shared by every cross-entropy op.
+class CrossEntropyVerifier {
+public:
+  CrossEntropyVerifier(Operation *op, Layout layout)
+      : op(op), layout(layout) {}
+
+  /// Checks the logits' rank for the layout and their unit vocab stride, and
+  /// derives the token shape that every per-token operand must have.
+  LogicalResult verifyLogits(Value logits) {
+    auto type = cast<MemRefType>(logits.getType());
+    int64_t expectedRank = layout == Layout::flat ? 2 : 3;
+    if (type.getRank() != expectedRank)
+      return op->emitOpError("layout '")
+             << stringifyLayout(layout) << "' expects rank-" << expectedRank
+             << " logits, got rank " << type.getRank();
+    SmallVector<int64_t> strides;
+    int64_t offset;
+    if (failed(type.getStridesAndOffset(strides, offset)) ||
+        strides.back() != 1)
+      return op->emitOpError(
+          "logits must have a static unit stride in the vocabulary dimension");
+    ArrayRef<int64_t> shape = type.getShape();
+    vocab = shape.back();
+    switch (layout) {
+    case Layout::flat:
+      tokenShape = {shape[0]};
+      break;
+    case Layout::sbv_bs:
+      tokenShape = {shape[1], shape[0]};
+      break;
+    case Layout::sbv_sb:
+      tokenShape = {shape[0], shape[1]};
+      break;
+    }
+    return success();
+  }
+
+  /// A per-token operand must have the layout's token shape.
+  LogicalResult verifyTokenOperand(NamedValue operand) {
+    auto type = cast<MemRefType>(operand.value.getType());
+    if (!shapesCompatible(type.getShape(), tokenShape))
+      return op->emitOpError("'")
+             << operand.name << "' shape " << formatShape(type.getShape())
+             << " does not match the token shape " << formatShape(tokenShape)
+             << " of layout '" << stringifyLayout(layout) << "'";
+    return success();
+  }
+
+  LogicalResult verifyGradient(Value logits, Value grad) {
+    auto logitsType = cast<MemRefType>(logits.getType());
+    auto gradType = cast<MemRefType>(grad.getType());
+    if (gradType.getElementType() != logitsType.getElementType())
+      return op->emitOpError("gradient element type ")
+             << gradType.getElementType()
+             << " differs from the logits element type "
+             << logitsType.getElementType();
+    if (!shapesCompatible(gradType.getShape(), logitsType.getShape()))
+      return op->emitOpError("gradient shape ")
+             << formatShape(gradType.getShape())
+             << " does not match the logits shape "
+             << formatShape(logitsType.getShape());
+    SmallVector<int64_t> strides;
+    int64_t offset;
+    if (failed(gradType.getStridesAndOffset(strides, offset)) ||
+        strides.back() != 1)
+      return op->emitOpError("gradient must have a static unit stride in the "
+                             "vocabulary dimension");
+    return success();
+  }
+
+  LogicalResult verifyStatus(Value status) {
+    if (!status)
+      return success();
+    auto type = cast<MemRefType>(status.getType());
+    if (type.getRank() != 1 ||
+        (!ShapedType::isDynamic(type.getDimSize(0)) && type.getDimSize(0) != 1))
+      return op->emitOpError("status must be a memref<1xi64>, got ") << type;
+    return success();
+  }
+
+  LogicalResult verifyConfig(float labelSmoothing, float zLoss,
+                             ShardAttr shard) {
+    if (!(labelSmoothing >= 0.0f && labelSmoothing < 1.0f))
+      return op->emitOpError("label_smoothing must be in [0, 1), got ")
+             << labelSmoothing;
+    if (!(zLoss >= 0.0f) || std::isinf(zLoss))
+      return op->emitOpError("z_loss must be finite and non-negative, got ")
+             << zLoss;
+    if (shard && !ShapedType::isDynamic(vocab) &&
+        shard.getStart() + vocab > shard.getVocab())
+      return op->emitOpError("shard [")
+             << shard.getStart() << ", " << shard.getStart() + vocab
+             << ") of the logits exceeds the vocabulary of "
+             << shard.getVocab();
+    return success();
+  }
+
+  /// Outputs must be distinct buffers and must not be inputs. The one
+  /// exception, the gradient written over the logits, is `overwrite_input`'s
+  /// business and is checked by `verifyOverwrite`.
+  LogicalResult verifyNoAliasing(ArrayRef<NamedValue> inputs,
+                                 ArrayRef<NamedValue> outputs) {
+    for (auto [i, out] : llvm::enumerate(outputs)) {
+      if (!out.value)
+        continue;
+      for (const NamedValue &other : outputs.drop_front(i + 1))
+        if (other.value == out.value)
+          return op->emitOpError("outputs '")
+                 << out.name << "' and '" << other.name
+                 << "' are the same buffer";
+      for (const NamedValue &in : inputs)
+        if (in.value == out.value && !(in.name == "logits" && out.name == "grad"))
+          return op->emitOpError("output '")
+                 << out.name << "' is the same buffer as input '" << in.name
+                 << "'";
+    }
+    return success();
+  }
+
+  LogicalResult verifyOverwrite(Value logits, Value grad, bool overwrite) {
+    if (overwrite && grad != logits)
+      return op->emitOpError("overwrite_input requires the gradient buffer to "
+                             "be the logits buffer");
+    if (!overwrite && grad == logits)
+      return op->emitOpError("gradient buffer is the logits buffer; set "
+                             "overwrite_input to write the gradient over the "
+                             "logits");
+    return success();
+  }
+
+private:
+  Operation *op;
+  Layout layout;
+  int64_t vocab = ShapedType::kDynamic;
+  SmallVector<int64_t, 2> tokenShape;
+};
+
+} // namespace
+
+LogicalResult ForwardOp::verify() {
+  CrossEntropyVerifier verifier(*this, getLayout());
+  if (failed(verifier.verifyLogits(getLogits())) ||
+      failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
+      failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
+      failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
+      failed(verifier.verifyStatus(getStatus())) ||
+      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
+                                   getZLoss().convertToFloat(),
+                                   getShardAttr())))
+    return failure();
+  return verifier.verifyNoAliasing(
+      {{"logits", getLogits()}, {"labels", getLabels()}},
+      {{"loss", getLoss()}, {"lse", getLse()}, {"status", getStatus()}});
+}
+
+LogicalResult BackwardOp::verify() {
+  CrossEntropyVerifier verifier(*this, getLayout());
+  if (failed(verifier.verifyLogits(getLogits())) ||
+      failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
+      failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
+      failed(verifier.verifyTokenOperand({"grad_loss", getGradLoss()})) ||
+      failed(verifier.verifyGradient(getLogits(), getGrad())) ||
+      failed(verifier.verifyStatus(getStatus())) ||
+      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
+                                   getZLoss().convertToFloat(),
+                                   getShardAttr())) ||
+      failed(verifier.verifyOverwrite(getLogits(), getGrad(),
+                                      getOverwriteInput())))
+    return failure();
+  return verifier.verifyNoAliasing({{"logits", getLogits()},
+                                    {"labels", getLabels()},
+                                    {"lse", getLse()},
+                                    {"grad_loss", getGradLoss()}},
+                                   {{"grad", getGrad()},
+                                    {"status", getStatus()}});
+}
+
+LogicalResult FusedOp::verify() {
+  CrossEntropyVerifier verifier(*this, getLayout());
+  if (failed(verifier.verifyLogits(getLogits())) ||
+      failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
+      failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
+      failed(verifier.verifyTokenOperand({"lse", getLse()})))
+    return failure();
+  if (getWeights().getType().getRank() != 0 &&
+      failed(verifier.verifyTokenOperand({"weights", getWeights()})))
+    return failure();
+  if (failed(verifier.verifyGradient(getLogits(), getGrad())) ||
+      failed(verifier.verifyStatus(getStatus())) ||
+      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
+                                   getZLoss().convertToFloat(),
+                                   getShardAttr())) ||
+      failed(verifier.verifyOverwrite(getLogits(), getGrad(),
+                                      getOverwriteInput())))
+    return failure();
+  return verifier.verifyNoAliasing({{"logits", getLogits()},
+                                    {"labels", getLabels()},
+                                    {"weights", getWeights()}},
+                                   {{"loss", getLoss()},
+                                    {"lse", getLse()},
+                                    {"grad", getGrad()},
+                                    {"status", getStatus()}});
+}
+
+#define GET_OP_CLASSES
+#include "ce/Dialect/CE/IR/CEOps.cpp.inc"

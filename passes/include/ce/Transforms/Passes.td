@@ -1,0 +1,78 @@
+//===- Passes.td - Cross-entropy transformation passes -----*- tablegen -*-===//
+
+#ifndef CE_TRANSFORMS_PASSES_TD
+#define CE_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def CEFuseForwardBackward : Pass<"ce-fuse-forward-backward"> {
+  let summary = "Fuse a ce.forward and the ce.backward that consumes it";
+  let description = [{
+    Rewrites a `ce.forward` followed by a `ce.backward` of the same logits,
+    labels and configuration, whose `lse` is the forward's and whose upstream
+    gradient is known when the forward runs, into one `ce.fused`: the logits
+    are then read for the statistics and the gradient in one kernel.
+
+    Fusion is legal only when, in the same block:
+    - the backward's `grad_loss` is defined before the forward (its values
+      are then the gradient weights of the fused op);
+    - no operation between the two may write the logits, labels, `lse`,
+      `grad_loss` or the gradient buffer, nor read the gradient buffer
+      (under `overwrite_input`, the logits), which the fused op now writes
+      earlier.
+
+    Where fusion is not legal, the IR is left unchanged and a remark on the
+    backward says why. The forward's `lse` output is kept.
+
+    ```mlir
+    ce.forward %x, %y into %loss, %lse layout = flat : ...
+    ce.backward %x, %y, %lse, %g into %x layout = flat {overwrite_input} : ...
+    // becomes
+    ce.fused %x, %y, %g into %loss, %lse, %x layout = flat {overwrite_input} : ...
+    ```
+  }];
+  let dependentDialects = ["::mlir::ce::CEDialect"];
+}
+
+def CELowerToLoops : Pass<"ce-lower-to-loops", "::mlir::func::FuncOp"> {
+  let summary = "Lower ce ops to row-wise online-softmax loop nests";
+  let description = [{
+    Replaces each `ce` op by a loop over tokens whose body sweeps the logits
+    row once with an online running max and sum of exponentials (vectors of
+    `vector-width` lanes, `unroll` vectors per step, fp32 accumulation, exp
+    and log through exp2/log2), then, for `ce.backward` and `ce.fused`, a
+    second sweep that writes the gradient.
+
+    The sum of exponentials is kept as `R` with `sum = 1 + R` per lane (the
+    running maximum's own term is implicit), so the small terms of a confident
+    row are never added to a 1 and lost; the target-class gradient is
+    computed from `expm1` of the target's log-probability, which keeps its
+    fp32 accuracy when the target's probability is near 1.
+
+    Preconditions: the ops verify; `shard` is not set (vocab-parallel
+    lowering is separate). Labels are read through their strides; a label
+    outside `[0, V)` that is not `ignore_index` is never used as an index.
+
+    ```mlir
+    ce.forward %x, %y into %loss, %lse layout = flat : ...
+    // becomes
+    scf.for %t = %c0 to %n step %c1 {
+      %row = scf.for ... iter_args(%max = ..., %rest = ...) -> (vector<8xf32>, ...)
+      ...
+    }
+    ```
+  }];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::math::MathDialect",
+    "::mlir::memref::MemRefDialect", "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect"
+  ];
+  let options = [
+    Option<"vectorWidth", "vector-width", "unsigned", "8",
+           "Lanes per vector in the row sweeps (1 disables vectors)">,
+    Option<"unroll", "unroll", "unsigned", "4",
+           "Vectors loaded per step of the row sweeps">
+  ];
+}
+
+#endif // CE_TRANSFORMS_PASSES_TD

@@ -1,0 +1,397 @@
+//===- LowerToLoops.cpp - Lower ce ops to row-wise loop nests -------------===//
+//
+// Each ce op becomes a loop over tokens; each token's row is swept by the
+// RowLoopBuilder. This file holds the per-op logic: labels, ignore_index,
+// smoothing, z-loss, the loss and the target-class gradient term.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RowLoopBuilder.h"
+
+#include "ce/Dialect/CE/IR/CEOps.h"
+#include "ce/Transforms/Passes.h"
+
+#include "mlir/Transforms/DialectConversion.h"
+#include "llvm/ADT/bit.h"
+
+#include <limits>
+
+namespace mlir::ce {
+#define GEN_PASS_DEF_CELOWERTOLOOPS
+#include "ce/Transforms/Passes.h.inc"
+} // namespace mlir::ce
+
+using namespace mlir;
+using namespace mlir::ce;
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+/// The configuration of one op, as the lowering needs it.
+struct OpConfig {
+  Layout layout;
+  std::optional<int64_t> ignoreIndex;
+  float labelSmoothing;
+  float zLoss;
+  Value status;
+
+  template <typename OpT>
+  static OpConfig get(OpT op) {
+    OpConfig config;
+    config.layout = op.getLayout();
+    if (IntegerAttr attr = op.getIgnoreIndexAttr())
+      config.ignoreIndex = attr.getInt();
+    config.labelSmoothing = op.getLabelSmoothing().convertToFloat();
+    config.zLoss = op.getZLoss().convertToFloat();
+    config.status = op.getStatus();
+    return config;
+  }
+};
+
+/// One token: where its logits row starts, where its per-token values live,
+/// and its linear index in the token shape (for the status report).
+struct Token {
+  SmallVector<Value, 2> rowPrefix;
+  SmallVector<Value, 2> indices;
+  Value linear;
+};
+
+/// What the label of one token says.
+struct LabelInfo {
+  Value label;   ///< i64
+  Value valid;   ///< i1: 0 <= label < V
+  Value ignored; ///< i1: label == ignore_index (false without one)
+  Value target;  ///< f32: x[label] when valid, else 0
+};
+
+/// Builds the loops over all tokens of `logits` and calls `body` in the
+/// innermost one. Token loops are ordered so the logits are walked in
+/// memory order for packed [S, B, V] tensors.
+void buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,
+                     function_ref<void(const Token &)> body) {
+  Value c0 = arith::ConstantIndexOp::create(b, 0);
+  Value c1 = arith::ConstantIndexOp::create(b, 1);
+  Value dim0 = memref::DimOp::create(b, logits, 0);
+  if (layout == Layout::flat) {
+    buildForLoop(b, c0, dim0, c1, {},
+                 [&](Value n, ValueRange) -> SmallVector<Value> {
+                   body(Token{{n}, {n}, n});
+                   return {};
+                 });
+    return;
+  }
+  Value dim1 = memref::DimOp::create(b, logits, 1);
+  buildForLoop(b, c0, dim0, c1, {}, [&](Value s, ValueRange) {
+    buildForLoop(b, c0, dim1, c1, {},
+                 [&](Value bIdx, ValueRange) -> SmallVector<Value> {
+                   Token token;
+                   token.rowPrefix = {s, bIdx};
+                   if (layout == Layout::sbv_bs) {
+                     token.indices = {bIdx, s};
+                     token.linear = arith::AddIOp::create(
+                         b, arith::MulIOp::create(b, bIdx, dim0), s);
+                   } else {
+                     token.indices = {s, bIdx};
+                     token.linear = arith::AddIOp::create(
+                         b, arith::MulIOp::create(b, s, dim1), bIdx);
+                   }
+                   body(token);
+                   return {};
+                 });
+    return SmallVector<Value>{};
+  });
+}
+
+/// Shared lowering state of one op.
+class CrossEntropyLowering {
+public:
+  CrossEntropyLowering(ImplicitLocOpBuilder &b, const OpConfig &config,
+                       Value logits, Value labels, unsigned vectorWidth,
+                       unsigned unroll)
+      : b(b), rows(b, vectorWidth, unroll), config(config), logits(logits),
+        labels(labels) {
+    auto type = cast<MemRefType>(logits.getType());
+    vocab = memref::DimOp::create(b, logits, type.getRank() - 1);
+    vocabF32 = arith::UIToFPOp::create(
+        b, b.getF32Type(),
+        arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
+    // Megatron's smoothing: s = alpha * V / (V - 1), and 0 for V == 1 where
+    // every value of s gives the same (zero) loss.
+    if (hasSmoothing()) {
+      Value alpha = rows.f32(config.labelSmoothing);
+      Value vMinusOne = arith::SubFOp::create(b, vocabF32, rows.f32(1.0f));
+      Value s = arith::DivFOp::create(
+          b, arith::MulFOp::create(b, alpha, vocabF32), vMinusOne);
+      Value manyClasses = arith::CmpIOp::create(
+          b, arith::CmpIPredicate::ugt, vocab, rows.index(1));
+      smoothing = arith::SelectOp::create(b, manyClasses, s, rows.f32(0.0f));
+      uniform = arith::DivFOp::create(b, smoothing, vocabF32);
+    }
+  }
+
+  bool hasSmoothing() const { return config.labelSmoothing != 0.0f; }
+  bool hasZLoss() const { return config.zLoss != 0.0f; }
+
+  RowRef rowOf(Value memref, const Token &token) {
+    return RowRef{memref, token.rowPrefix};
+  }
+
+  /// Reads the label, classifies it, and gathers the target logit with a
+  /// single guarded load. Reports a bad label through `status`.
+  LabelInfo readLabel(const Token &token) {
+    LabelInfo info;
+    Value label = memref::LoadOp::create(b, labels, token.indices);
+    if (!label.getType().isInteger(64))
+      label = arith::ExtSIOp::create(b, b.getI64Type(), label);
+    info.label = label;
+    Value vocabI64 = arith::IndexCastUIOp::create(b, b.getI64Type(), vocab);
+    Value zero = arith::ConstantIntOp::create(b, b.getI64Type(), 0);
+    info.valid = arith::AndIOp::create(
+        b, arith::CmpIOp::create(b, arith::CmpIPredicate::sge, label, zero),
+        arith::CmpIOp::create(b, arith::CmpIPredicate::slt, label, vocabI64));
+    if (config.ignoreIndex) {
+      Value ignore =
+          arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
+      info.ignored =
+          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, label, ignore);
+    } else {
+      info.ignored = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
+    }
+    auto ifOp = scf::IfOp::create(b, TypeRange{b.getF32Type()}, info.valid,
+                                  /*withElseRegion=*/true);
+    {
+      OpBuilder::InsertionGuard guard(b);
+      b.setInsertionPointToStart(ifOp.thenBlock());
+      Value column = arith::IndexCastOp::create(b, b.getIndexType(), label);
+      scf::YieldOp::create(b, rows.loadElement(rowOf(logits, token), column));
+      b.setInsertionPointToStart(ifOp.elseBlock());
+      scf::YieldOp::create(b, rows.f32(0.0f));
+    }
+    info.target = ifOp.getResult(0);
+    if (config.status) {
+      Value notIgnored = arith::XOrIOp::create(
+          b, info.ignored, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
+      Value notValid = arith::XOrIOp::create(
+          b, info.valid, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
+      buildIf(b, arith::AndIOp::create(b, notIgnored, notValid), [&] {
+        Value linear = arith::IndexCastUIOp::create(b, b.getI64Type(),
+                                                    token.linear);
+        Value code = arith::AddIOp::create(
+            b, linear, arith::ConstantIntOp::create(b, b.getI64Type(), 1));
+        memref::StoreOp::create(b, code, config.status,
+                                ValueRange{rows.index(0)});
+      });
+    }
+    return info;
+  }
+
+  /// The per-token loss from the row statistics and `logProb` = log p_y.
+  Value buildLoss(const LabelInfo &label, const RowStats &stats, Value lse,
+                  Value logProb) {
+    Value loss = arith::NegFOp::create(b, logProb);
+    if (hasSmoothing()) {
+      Value mean = arith::DivFOp::create(b, stats.sum, vocabF32);
+      Value smoothTerm = arith::SubFOp::create(b, lse, mean);
+      Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
+      loss = arith::AddFOp::create(
+          b, arith::MulFOp::create(b, keep, loss),
+          arith::MulFOp::create(b, smoothing, smoothTerm));
+    }
+    if (hasZLoss()) {
+      Value square = arith::MulFOp::create(b, lse, lse);
+      loss = arith::AddFOp::create(
+          b, loss, arith::MulFOp::create(b, rows.f32(config.zLoss), square));
+    }
+    loss = arith::SelectOp::create(b, label.valid, loss, rows.f32(kNaN));
+    return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);
+  }
+
+  /// Writes the gradient row: zeros for an ignored token, NaN for a bad
+  /// label, and otherwise `g * (p * c - s/V)` with the target element
+  /// replaced by `g * (expm1(log p_y) * c + (c - 1) + s - s/V)`, computed
+  /// from the exact log-probability rather than from a rounded p_y - 1.
+  void buildGradient(const Token &token, Value grad, const LabelInfo &label,
+                     Value lse, Value logProb, Value weight) {
+    RowRef gradRow = rowOf(grad, token);
+    buildIf(
+        b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
+        [&] {
+          Value scale =
+              arith::SelectOp::create(b, label.valid, weight, rows.f32(kNaN));
+          Value c = rows.f32(1.0f);
+          if (hasZLoss())
+            c = arith::AddFOp::create(
+                b, c,
+                arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse));
+          Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
+          rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
+                                  scale, c, u);
+          buildIf(b, label.valid, [&] {
+            Value term = arith::MulFOp::create(b, rows.buildExpm1(logProb), c);
+            term = arith::AddFOp::create(
+                b, term, arith::SubFOp::create(b, c, rows.f32(1.0f)));
+            if (hasSmoothing())
+              term = arith::AddFOp::create(
+                  b, term, arith::SubFOp::create(b, smoothing, uniform));
+            Value column =
+                arith::IndexCastOp::create(b, b.getIndexType(), label.label);
+            rows.storeElement(gradRow, column,
+                              arith::MulFOp::create(b, scale, term));
+          });
+        });
+  }
+
+  ImplicitLocOpBuilder &b;
+  RowLoopBuilder rows;
+  OpConfig config;
+  Value logits;
+  Value labels;
+  Value vocab;
+  Value vocabF32;
+  Value smoothing; ///< f32 s, only with label smoothing
+  Value uniform;   ///< f32 s / V, only with label smoothing
+};
+
+/// Base of the three op lowerings: carries the sweep options.
+template <typename OpT>
+struct CrossEntropyPattern : OpConversionPattern<OpT> {
+  CrossEntropyPattern(MLIRContext *context, unsigned vectorWidth,
+                      unsigned unroll)
+      : OpConversionPattern<OpT>(context), vectorWidth(vectorWidth),
+        unroll(unroll) {}
+
+  unsigned vectorWidth;
+  unsigned unroll;
+};
+
+/// ce.forward -> per token: statistics sweep, loss and lse stores.
+struct ForwardOpLowering : CrossEntropyPattern<ForwardOp> {
+  using CrossEntropyPattern::CrossEntropyPattern;
+
+  LogicalResult
+  matchAndRewrite(ForwardOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
+    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
+                                  op.getLabels(), vectorWidth, unroll);
+    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
+      LabelInfo label = lowering.readLabel(t);
+      RowStats stats = lowering.rows.buildStatistics(
+          lowering.rowOf(op.getLogits(), t), lowering.vocab,
+          lowering.hasSmoothing());
+      Value lse = lowering.rows.buildLogSumExp(stats);
+      Value logProb = arith::SubFOp::create(
+          b, arith::SubFOp::create(b, label.target, stats.max),
+          lowering.rows.buildLog1p(stats.rest));
+      Value loss = lowering.buildLoss(label, stats, lse, logProb);
+      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
+      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
+    });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// ce.backward -> per token: one gradient sweep from the stored lse.
+struct BackwardOpLowering : CrossEntropyPattern<BackwardOp> {
+  using CrossEntropyPattern::CrossEntropyPattern;
+
+  LogicalResult
+  matchAndRewrite(BackwardOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
+    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
+                                  op.getLabels(), vectorWidth, unroll);
+    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
+      LabelInfo label = lowering.readLabel(t);
+      Value lse = memref::LoadOp::create(b, op.getLse(), t.indices);
+      Value weight = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
+      // Given only the rounded lse, x_y - lse is the best log p_y there is;
+      // the subtraction itself is exact when p_y is near 1.
+      Value logProb = arith::SubFOp::create(b, label.target, lse);
+      lowering.buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+    });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+/// ce.fused -> per token: statistics sweep, loss and lse, gradient sweep.
+struct FusedOpLowering : CrossEntropyPattern<FusedOp> {
+  using CrossEntropyPattern::CrossEntropyPattern;
+
+  LogicalResult
+  matchAndRewrite(FusedOp op, OpAdaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
+    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
+                                  op.getLabels(), vectorWidth, unroll);
+    bool scalarWeight = op.getWeights().getType().getRank() == 0;
+    Value sharedWeight;
+    if (scalarWeight)
+      sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
+    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
+      LabelInfo label = lowering.readLabel(t);
+      RowStats stats = lowering.rows.buildStatistics(
+          lowering.rowOf(op.getLogits(), t), lowering.vocab,
+          lowering.hasSmoothing());
+      Value lse = lowering.rows.buildLogSumExp(stats);
+      Value logProb = arith::SubFOp::create(
+          b, arith::SubFOp::create(b, label.target, stats.max),
+          lowering.rows.buildLog1p(stats.rest));
+      Value loss = lowering.buildLoss(label, stats, lse, logProb);
+      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
+      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
+      Value weight =
+          scalarWeight
+              ? sharedWeight
+              : memref::LoadOp::create(b, op.getWeights(), t.indices)
+                    .getResult();
+      lowering.buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+    });
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+struct CELowerToLoopsPass
+    : mlir::ce::impl::CELowerToLoopsBase<CELowerToLoopsPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    if (vectorWidth == 0 || !llvm::has_single_bit(vectorWidth.getValue())) {
+      getOperation().emitError("vector-width must be a power of two, got ")
+          << vectorWidth;
+      return signalPassFailure();
+    }
+    if (unroll == 0) {
+      getOperation().emitError("unroll must be at least 1");
+      return signalPassFailure();
+    }
+    WalkResult sharded = getOperation().walk([](Operation *op) {
+      if (isa<ForwardOp, BackwardOp, FusedOp>(op) && op->hasAttr("shard")) {
+        op->emitError("lowering of vocab-parallel shards to loops is not "
+                      "supported yet");
+        return WalkResult::interrupt();
+      }
+      return WalkResult::advance();
+    });
+    if (sharded.wasInterrupted())
+      return signalPassFailure();
+    MLIRContext *context = &getContext();
+    ConversionTarget target(*context);
+    target.addIllegalDialect<CEDialect>();
+    target.addLegalDialect<arith::ArithDialect, math::MathDialect,
+                           memref::MemRefDialect, scf::SCFDialect,
+                           vector::VectorDialect>();
+    RewritePatternSet patterns(context);
+    patterns.add<ForwardOpLowering, BackwardOpLowering, FusedOpLowering>(
+        context, vectorWidth, unroll);
+    if (failed(applyPartialConversion(getOperation(), target,
+                                      std::move(patterns))))
+      signalPassFailure();
+  }
+};
+
+} // namespace

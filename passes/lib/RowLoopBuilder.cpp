@@ -1,0 +1,337 @@
+//===- RowLoopBuilder.cpp - Row sweeps of the CE lowering -----------------===//
+
+#include "RowLoopBuilder.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::ce;
+
+static constexpr float kLog2E = 1.44269504088896340736f;
+static constexpr float kLn2 = 0.693147180559945309417f;
+static constexpr float kInf = std::numeric_limits<float>::infinity();
+
+scf::ForOp mlir::ce::buildForLoop(
+    ImplicitLocOpBuilder &b, Value lower, Value upper, Value step,
+    ValueRange inits,
+    function_ref<SmallVector<Value>(Value iv, ValueRange args)> body) {
+  auto loop = scf::ForOp::create(b, lower, upper, step, inits);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPointToStart(loop.getBody());
+  SmallVector<Value> results = body(loop.getInductionVar(),
+                                    loop.getRegionIterArgs());
+  if (inits.empty()) {
+    // The builder already made the terminator; the body went in front of it.
+    return loop;
+  }
+  scf::YieldOp::create(b, results);
+  return loop;
+}
+
+void mlir::ce::buildIf(ImplicitLocOpBuilder &b, Value condition,
+                       function_ref<void()> thenBody,
+                       function_ref<void()> elseBody) {
+  auto ifOp = scf::IfOp::create(b, condition, /*withElseRegion=*/!!elseBody);
+  OpBuilder::InsertionGuard guard(b);
+  b.setInsertionPoint(ifOp.thenBlock()->getTerminator());
+  thenBody();
+  if (elseBody) {
+    b.setInsertionPoint(ifOp.elseBlock()->getTerminator());
+    elseBody();
+  }
+}
+
+Value RowLoopBuilder::f32(float value, Type like) {
+  Type f32Type = b.getF32Type();
+  if (auto vectorType = dyn_cast_if_present<VectorType>(like))
+    return arith::ConstantOp::create(
+        b, vectorType, DenseElementsAttr::get(vectorType, value));
+  return arith::ConstantOp::create(b, b.getFloatAttr(f32Type, value));
+}
+
+Value RowLoopBuilder::index(int64_t value) {
+  return arith::ConstantIndexOp::create(b, value);
+}
+
+Value RowLoopBuilder::zeroIfNegInf(Value x) {
+  Value isNegInf = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
+                                         f32(-kInf, x.getType()));
+  return arith::SelectOp::create(b, isNegInf, f32(0.0f, x.getType()), x);
+}
+
+Value RowLoopBuilder::buildExp(Value x) {
+  Value scaled = arith::MulFOp::create(b, x, f32(kLog2E, x.getType()));
+  return math::Exp2Op::create(b, scaled);
+}
+
+Value RowLoopBuilder::buildLog1p(Value x) {
+  // log1p(x) = log(u) * x / (u - 1) with u = 1 + x: the rounding of u
+  // cancels (Goldberg, "What every computer scientist should know...").
+  Value one = f32(1.0f);
+  Value u = arith::AddFOp::create(b, one, x);
+  Value logU = arith::MulFOp::create(b, math::Log2Op::create(b, u), f32(kLn2));
+  Value uMinusOne = arith::SubFOp::create(b, u, one);
+  Value ratio = arith::DivFOp::create(b, x, uMinusOne);
+  Value general = arith::MulFOp::create(b, logU, ratio);
+  Value uIsOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u, one);
+  return arith::SelectOp::create(b, uIsOne, x, general);
+}
+
+Value RowLoopBuilder::buildExpm1(Value x) {
+  // Kahan's expm1: (u - 1) * x / log(u) with u = exp(x).
+  Value one = f32(1.0f);
+  Value u = buildExp(x);
+  Value uMinusOne = arith::SubFOp::create(b, u, one);
+  Value logU = arith::MulFOp::create(b, math::Log2Op::create(b, u), f32(kLn2));
+  Value general = arith::MulFOp::create(
+      b, uMinusOne, arith::DivFOp::create(b, x, logU));
+  Value uIsOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u, one);
+  Value isMinusOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ,
+                                           uMinusOne, f32(-1.0f));
+  Value result = arith::SelectOp::create(b, isMinusOne, f32(-1.0f), general);
+  return arith::SelectOp::create(b, uIsOne, x, result);
+}
+
+/// The indices of element `index` of `row`.
+static SmallVector<Value, 3> indicesOf(const RowRef &row, Value index) {
+  SmallVector<Value, 3> indices(row.prefix.begin(), row.prefix.end());
+  indices.push_back(index);
+  return indices;
+}
+
+Value RowLoopBuilder::loadElement(const RowRef &row, Value index) {
+  SmallVector<Value, 3> indices = indicesOf(row, index);
+  Value value = memref::LoadOp::create(b, row.memref, indices);
+  if (value.getType() != b.getF32Type())
+    value = arith::ExtFOp::create(b, b.getF32Type(), value);
+  return value;
+}
+
+void RowLoopBuilder::storeElement(const RowRef &row, Value index,
+                                  Value value) {
+  SmallVector<Value, 3> indices = indicesOf(row, index);
+  Type elementType = cast<MemRefType>(row.memref.getType()).getElementType();
+  if (elementType != value.getType())
+    value = arith::TruncFOp::create(b, elementType, value);
+  memref::StoreOp::create(b, value, row.memref, indices);
+}
+
+Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
+  SmallVector<Value, 3> indices = indicesOf(row, index);
+  Type elementType = cast<MemRefType>(row.memref.getType()).getElementType();
+  auto loadType = VectorType::get({vectorWidth}, elementType);
+  Value value = vector::LoadOp::create(b, loadType, row.memref, indices);
+  if (!elementType.isF32())
+    value = arith::ExtFOp::create(
+        b, VectorType::get({vectorWidth}, b.getF32Type()), value);
+  return value;
+}
+
+void RowLoopBuilder::storeVector(const RowRef &row, Value index, Value value) {
+  SmallVector<Value, 3> indices = indicesOf(row, index);
+  Type elementType = cast<MemRefType>(row.memref.getType()).getElementType();
+  if (!elementType.isF32())
+    value = arith::TruncFOp::create(
+        b, VectorType::get({vectorWidth}, elementType), value);
+  vector::StoreOp::create(b, value, row.memref, indices);
+}
+
+Value RowLoopBuilder::stepSize() { return index(vectorWidth * unroll); }
+
+Value RowLoopBuilder::mainTripEnd(Value vocab) {
+  Value remainder = arith::RemUIOp::create(b, vocab, stepSize());
+  return arith::SubIOp::create(b, vocab, remainder);
+}
+
+/// One online-softmax step of a state (max, rest) over the values `xs`
+/// (scalars or vectors of the state's shape): the new maximum rescales the
+/// old sum once, and when it comes from `xs`, its own exp(0) = 1 moves out
+/// of `rest` into the implicit term, exactly.
+static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
+                                         ImplicitLocOpBuilder &b, Value max,
+                                         Value rest, ArrayRef<Value> xs,
+                                         function_ref<Value(Value)> exp,
+                                         function_ref<Value(Value)> safe) {
+  Value tileMax = xs.front();
+  for (Value x : xs.drop_front())
+    tileMax = arith::MaximumFOp::create(b, tileMax, x);
+  Value newMax = arith::MaximumFOp::create(b, max, tileMax);
+  Value safeMax = safe(newMax);
+  Value rescale = exp(arith::SubFOp::create(b, max, safeMax));
+  Type type = max.getType();
+  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f, type),
+                                        rows.f32(0.0f, type));
+  Value tileSum;
+  for (Value x : xs) {
+    Value term = exp(arith::SubFOp::create(b, x, safeMax));
+    tileSum = tileSum ? arith::AddFOp::create(b, tileSum, term).getResult()
+                      : term;
+  }
+  Value carried = arith::MulFOp::create(
+      b, arith::AddFOp::create(b, rest, moved), rescale);
+  Value newRest = arith::AddFOp::create(
+      b, carried, arith::SubFOp::create(b, tileSum, moved));
+  return {newMax, newRest};
+}
+
+std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
+                                                      Value maxB,
+                                                      Value restB) {
+  Type type = maxA.getType();
+  Value aOnTop =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OGE, maxA, maxB);
+  Value topMax = arith::SelectOp::create(b, aOnTop, maxA, maxB);
+  Value topRest = arith::SelectOp::create(b, aOnTop, restA, restB);
+  Value lowMax = arith::SelectOp::create(b, aOnTop, maxB, maxA);
+  Value lowRest = arith::SelectOp::create(b, aOnTop, restB, restA);
+  // The lower state's implicit 1 exists only if it saw a value > -inf.
+  Value lowSeen = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, lowMax,
+                                        f32(-kInf, type));
+  Value lowOne =
+      arith::SelectOp::create(b, lowSeen, f32(1.0f, type), f32(0.0f, type));
+  Value lowSum = arith::AddFOp::create(b, lowRest, lowOne);
+  Value scale = buildExp(arith::SubFOp::create(b, lowMax, zeroIfNegInf(topMax)));
+  Value rest = arith::AddFOp::create(
+      b, topRest, arith::MulFOp::create(b, lowSum, scale));
+  return {topMax, rest};
+}
+
+RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
+                                         bool withSum) {
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  auto exp = [&](Value x) { return buildExp(x); };
+  auto safe = [&](Value x) { return zeroIfNegInf(x); };
+
+  // Main sweep: `unroll` vectors per step, one state per lane.
+  Value mainEnd = mainTripEnd(vocab);
+  SmallVector<Value> inits = {f32(-kInf, vectorType), f32(0.0f, vectorType)};
+  if (withSum)
+    inits.push_back(f32(0.0f, vectorType));
+  scf::ForOp mainLoop = buildForLoop(
+      b, index(0), mainEnd, stepSize(), inits,
+      [&](Value j, ValueRange state) -> SmallVector<Value> {
+        SmallVector<Value, 8> xs;
+        for (unsigned u = 0; u < unroll; ++u) {
+          Value offset = arith::AddIOp::create(b, j, index(u * vectorWidth));
+          xs.push_back(loadVector(row, offset));
+        }
+        auto [max, rest] = stepState(*this, b, state[0], state[1], xs, exp,
+                                     safe);
+        SmallVector<Value> next = {max, rest};
+        if (withSum) {
+          Value tileSum = xs.front();
+          for (Value x : ArrayRef<Value>(xs).drop_front())
+            tileSum = arith::AddFOp::create(b, tileSum, x);
+          next.push_back(arith::AddFOp::create(b, state[2], tileSum));
+        }
+        return next;
+      });
+
+  // Merge the lanes pairwise down to one.
+  Value max = mainLoop.getResult(0);
+  Value rest = mainLoop.getResult(1);
+  for (int64_t width = vectorWidth / 2; width >= 1; width /= 2) {
+    auto half = [&](Value v, int64_t offset) -> Value {
+      return vector::ExtractStridedSliceOp::create(b, v, {offset}, {width},
+                                                   {1});
+    };
+    std::tie(max, rest) = combineStates(half(max, 0), half(rest, 0),
+                                        half(max, width), half(rest, width));
+  }
+  max = vector::ExtractOp::create(b, max, ArrayRef<int64_t>{0});
+  rest = vector::ExtractOp::create(b, rest, ArrayRef<int64_t>{0});
+  Value sum;
+  if (withSum)
+    sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
+                                      mainLoop.getResult(2));
+
+  // Scalar tail: a state of its own, merged last.
+  SmallVector<Value> tailInits = {f32(-kInf), f32(0.0f)};
+  if (withSum)
+    tailInits.push_back(f32(0.0f));
+  scf::ForOp tailLoop = buildForLoop(
+      b, mainEnd, vocab, index(1), tailInits,
+      [&](Value j, ValueRange state) -> SmallVector<Value> {
+        Value x = loadElement(row, j);
+        auto [tailMax, tailRest] =
+            stepState(*this, b, state[0], state[1], {x}, exp, safe);
+        SmallVector<Value> next = {tailMax, tailRest};
+        if (withSum)
+          next.push_back(arith::AddFOp::create(b, state[2], x));
+        return next;
+      });
+  std::tie(max, rest) = combineStates(max, rest, tailLoop.getResult(0),
+                                      tailLoop.getResult(1));
+  if (withSum)
+    sum = arith::AddFOp::create(b, sum, tailLoop.getResult(2));
+  return {max, rest, sum};
+}
+
+Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
+  return arith::AddFOp::create(b, stats.max, buildLog1p(stats.rest));
+}
+
+void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
+                                        Value vocab, Value lse, Value scale,
+                                        Value c, Value u) {
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  auto gradient = [&](Value x, Type type) -> Value {
+    auto splat = [&](Value s) -> Value {
+      if (isa<VectorType>(type))
+        return vector::BroadcastOp::create(b, type, s);
+      return s;
+    };
+    Value p = buildExp(arith::SubFOp::create(b, x, splat(lse)));
+    Value pc = arith::MulFOp::create(b, p, splat(c));
+    Value shifted = arith::SubFOp::create(b, pc, splat(u));
+    return arith::MulFOp::create(b, splat(scale), shifted);
+  };
+  Value mainEnd = mainTripEnd(vocab);
+  buildForLoop(b, index(0), mainEnd, stepSize(), {},
+               [&](Value j, ValueRange) -> SmallVector<Value> {
+                 // Load the whole step first so the loads are in flight
+                 // together.
+                 SmallVector<Value, 8> offsets, xs;
+                 for (unsigned k = 0; k < unroll; ++k) {
+                   offsets.push_back(
+                       arith::AddIOp::create(b, j, index(k * vectorWidth)));
+                   xs.push_back(loadVector(row, offsets.back()));
+                 }
+                 for (unsigned k = 0; k < unroll; ++k)
+                   storeVector(grad, offsets[k], gradient(xs[k], vectorType));
+                 return {};
+               });
+  buildForLoop(b, mainEnd, vocab, index(1), {},
+               [&](Value j, ValueRange) -> SmallVector<Value> {
+                 Value x = loadElement(row, j);
+                 storeElement(grad, j, gradient(x, b.getF32Type()));
+                 return {};
+               });
+}
+
+void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  Value splat = vector::BroadcastOp::create(b, vectorType, value);
+  Value mainEnd = mainTripEnd(vocab);
+  buildForLoop(b, index(0), mainEnd, stepSize(), {},
+               [&](Value j, ValueRange) -> SmallVector<Value> {
+                 for (unsigned k = 0; k < unroll; ++k)
+                   storeVector(grad,
+                               arith::AddIOp::create(b, j,
+                                                     index(k * vectorWidth)),
+                               splat);
+                 return {};
+               });
+  buildForLoop(b, mainEnd, vocab, index(1), {},
+               [&](Value j, ValueRange) -> SmallVector<Value> {
+                 storeElement(grad, j, value);
+                 return {};
+               });
+}

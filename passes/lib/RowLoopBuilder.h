@@ -1,0 +1,100 @@
+//===- RowLoopBuilder.h - Row sweeps of the CE lowering ---------*- C++ -*-===//
+//
+// Builds the per-row pieces shared by every ce op lowering: the statistics
+// sweep (online max and sum of exponentials), the gradient sweep, and the
+// accurate scalar helpers (log1p, expm1) the target-class terms need.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_TRANSFORMS_ROWLOOPBUILDER_H
+#define CE_TRANSFORMS_ROWLOOPBUILDER_H
+
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/IR/ImplicitLocOpBuilder.h"
+#include "mlir/IR/Value.h"
+#include "llvm/ADT/SmallVector.h"
+
+namespace mlir::ce {
+
+/// The statistics of one logits row. The sum of exponentials is
+/// `S = 1 + rest` at scale `max` (the maximum's own term is implicit), which
+/// keeps the small terms of a confident row from being rounded away.
+struct RowStats {
+  Value max;  ///< f32, max_j x_j (-inf for an all -inf row, NaN with NaN)
+  Value rest; ///< f32, S - 1 where S = sum_j exp(x_j - max)
+  Value sum;  ///< f32, sum_j x_j, only when requested
+};
+
+/// Where one row lives: the logits memref and the indices in front of the
+/// vocabulary index (`[n]` or `[s, b]`).
+struct RowRef {
+  Value memref;
+  SmallVector<Value, 2> prefix;
+};
+
+/// Builds `scf.for` whose body `body` returns the values to yield (nothing
+/// when `inits` is empty).
+scf::ForOp
+buildForLoop(ImplicitLocOpBuilder &b, Value lower, Value upper, Value step,
+             ValueRange inits,
+             function_ref<SmallVector<Value>(Value iv, ValueRange args)> body);
+
+/// Builds a result-less `scf.if`; `elseBody` may be null.
+void buildIf(ImplicitLocOpBuilder &b, Value condition,
+             function_ref<void()> thenBody, function_ref<void()> elseBody = {});
+
+class RowLoopBuilder {
+public:
+  RowLoopBuilder(ImplicitLocOpBuilder &b, unsigned vectorWidth,
+                 unsigned unroll)
+      : b(b), vectorWidth(vectorWidth), unroll(unroll) {}
+
+  /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j.
+  RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum);
+
+  /// `lse = max + log1p(rest)`.
+  Value buildLogSumExp(const RowStats &stats);
+
+  /// Writes `grad[j] = scale * (exp(x_j - lse) * c - u)` for every j of the
+  /// row, reading `x` from `row` and writing into `grad` (may be the same
+  /// buffer: each element is read before it is written).
+  void buildGradientSweep(const RowRef &row, const RowRef &grad, Value vocab,
+                          Value lse, Value scale, Value c, Value u);
+
+  /// Writes `value` (f32) into every element of the row.
+  void buildFill(const RowRef &grad, Value vocab, Value value);
+
+  /// Loads `row[index]` widened to f32.
+  Value loadElement(const RowRef &row, Value index);
+  /// Rounds `value` to the row's element type once and stores it.
+  void storeElement(const RowRef &row, Value index, Value value);
+
+  /// Accurate `log(1 + x)` and `exp(x) - 1` built from log2/exp2.
+  Value buildLog1p(Value x);
+  Value buildExpm1(Value x);
+
+  /// Scalar or splat f32 constant shaped like `like`.
+  Value f32(float value, Type like = {});
+  Value index(int64_t value);
+
+private:
+  /// Merges two (max, rest) states elementwise (scalars or vectors).
+  std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
+                                        Value restB);
+  /// `exp(x)` for f32 x via exp2.
+  Value buildExp(Value x);
+  Value zeroIfNegInf(Value x);
+  Value loadVector(const RowRef &row, Value index);
+  void storeVector(const RowRef &row, Value index, Value value);
+  Value stepSize();
+  /// The largest multiple of the step not above `vocab`.
+  Value mainTripEnd(Value vocab);
+
+  ImplicitLocOpBuilder &b;
+  unsigned vectorWidth;
+  unsigned unroll;
+};
+
+} // namespace mlir::ce
+
+#endif // CE_TRANSFORMS_ROWLOOPBUILDER_H

@@ -1,0 +1,479 @@
+//===- ce-gen.cpp - Emit cross-entropy kernels ----------------------------===//
+//
+// ce-gen builds kernels from variant options (a cartesian product of comma
+// lists) or from an .mlir file of kernel functions, lowers them, and writes
+// a bundle that the runtime loads (docs/bundle-format.md). `--emit=` stops
+// the pipeline at a stage and prints it, like Toy's toyc.
+//
+// Exit status: 0 on success, 2 for bad options or input, 1 for internal
+// failures (a failed link, say).
+//
+//===----------------------------------------------------------------------===//
+
+#include "ce/Codegen/BundleWriter.h"
+#include "ce/Codegen/HostCodegen.h"
+#include "ce/Codegen/KernelBuilder.h"
+#include "ce/Codegen/Pipelines.h"
+#include "ce/Codegen/Registration.h"
+#include "ce/Transforms/Passes.h"
+
+#include "mlir/IR/AsmState.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "mlir/Support/FileUtilities.h"
+#include "llvm/ADT/StringExtras.h"
+#include "llvm/Support/CommandLine.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/InitLLVM.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/ToolOutputFile.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <set>
+
+using namespace mlir;
+using namespace mlir::ce;
+namespace cl = llvm::cl;
+
+namespace {
+
+enum class EmitStage { Mlir, Loops, Llvm, Isa, Obj, Bundle };
+
+cl::OptionCategory category("ce-gen options");
+
+cl::opt<std::string> inputFile(cl::Positional, cl::desc("[kernels.mlir]"),
+                               cl::init(""), cl::cat(category));
+cl::opt<std::string> outputPath("o", cl::desc("Output directory (bundle) or "
+                                              "file ('-' for stdout)"),
+                                cl::init("-"), cl::cat(category));
+cl::opt<EmitStage> emitStage(
+    "emit", cl::desc("Stop after this stage and write its result"),
+    cl::values(clEnumValN(EmitStage::Mlir, "mlir", "ce dialect kernels"),
+               clEnumValN(EmitStage::Loops, "loops", "row loop nests"),
+               clEnumValN(EmitStage::Llvm, "llvm", "optimized LLVM IR"),
+               clEnumValN(EmitStage::Isa, "isa", "target assembly"),
+               clEnumValN(EmitStage::Obj, "obj", "object file"),
+               clEnumValN(EmitStage::Bundle, "bundle",
+                          "code objects + manifest.json (default)")),
+    cl::init(EmitStage::Bundle), cl::cat(category));
+cl::list<std::string> targets("target",
+                              cl::desc("Targets: host (gfx942, gfx950, "
+                                       "gfx90a and sm_90 are known but not "
+                                       "built by this version)"),
+                              cl::CommaSeparated, cl::cat(category));
+
+// Variant options: comma lists whose cartesian product is emitted.
+cl::list<std::string> ops("op", cl::desc("forward,backward,fused"),
+                          cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> logitsTypes("logits", cl::desc("bf16,f16,f32"),
+                                  cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> labelTypes("labels", cl::desc("i32,i64"),
+                                 cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> layouts("layout", cl::desc("flat,sbv_bs,sbv_sb"),
+                              cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> ignoreIndices("ignore-index",
+                                    cl::desc("none or integers"),
+                                    cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> smoothings("label-smoothing", cl::desc("in [0, 1)"),
+                                 cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> zLosses("z-loss", cl::desc(">= 0"), cl::CommaSeparated,
+                              cl::cat(category));
+cl::list<std::string> overwrites("overwrite", cl::desc("0,1"),
+                                 cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> weightKinds("weights",
+                                  cl::desc("scalar,token (fused only)"),
+                                  cl::CommaSeparated, cl::cat(category));
+
+cl::opt<unsigned> vectorWidth("vector-width", cl::desc("Lanes per vector"),
+                              cl::init(8), cl::cat(category));
+cl::opt<unsigned> unroll("unroll", cl::desc("Vectors per step"), cl::init(4),
+                         cl::cat(category));
+cl::opt<bool> noFuse("no-fuse",
+                     cl::desc("Do not fuse forward and backward ops"),
+                     cl::init(false), cl::cat(category));
+cl::opt<std::string> hostCpu("host-cpu",
+                             cl::desc("LLVM CPU for host kernels ('native': "
+                                      "this machine)"),
+                             cl::init("native"), cl::cat(category));
+cl::opt<std::string> dumpDir("dump-dir",
+                             cl::desc("Also write kernel.ll, kernel.opt.ll "
+                                      "and kernel.s here"),
+                             cl::init(""), cl::cat(category));
+
+/// A usage error: printed, then exit status 2.
+int usageError(const llvm::Twine &message) {
+  llvm::errs() << "ce-gen: error: " << message << "\n";
+  return 2;
+}
+
+/// Target options, checked before any work (IREE's ROCMTarget style).
+struct TargetOptions {
+  std::vector<std::string> targets;
+
+  LogicalResult verify(std::string &error) const {
+    static const std::set<std::string> known = {"host", "gfx942", "gfx950",
+                                                "gfx90a", "sm_90"};
+    for (const std::string &target : targets) {
+      if (!known.count(target)) {
+        error = "unknown target '" + target +
+                "'; expected one of: host, gfx942, gfx950, gfx90a, sm_90";
+        return failure();
+      }
+      if (target != "host") {
+        error = "target '" + target +
+                "' is not supported by this version of ce-gen yet (only "
+                "'host' is)";
+        return failure();
+      }
+    }
+    return success();
+  }
+};
+
+template <typename T>
+LogicalResult parseEach(const cl::list<std::string> &values,
+                        std::vector<std::string> defaults, StringRef what,
+                        function_ref<std::optional<T>(StringRef)> parse,
+                        std::vector<T> &out, std::string &error) {
+  std::vector<std::string> list(values.begin(), values.end());
+  if (list.empty())
+    list = std::move(defaults);
+  for (const std::string &text : list) {
+    std::optional<T> value = parse(text);
+    if (!value) {
+      error = "invalid --" + what.str() + " value '" + text + "'";
+      return failure();
+    }
+    out.push_back(*value);
+  }
+  return success();
+}
+
+std::optional<float> parseFloat(StringRef text) {
+  double value;
+  if (text.getAsDouble(value))
+    return std::nullopt;
+  return static_cast<float>(value);
+}
+
+/// Expands the variant options into keys (inapplicable combinations, such
+/// as overwrite for a forward, are skipped; duplicates are dropped).
+FailureOr<std::vector<::ce::KernelVariantKey>>
+expandVariants(std::string &error) {
+  using namespace ::ce;
+  std::vector<KernelOp> opList;
+  std::vector<ElemType> logitsList, labelsList;
+  std::vector<LabelLayout> layoutList;
+  std::vector<std::optional<int64_t>> ignoreList;
+  std::vector<float> smoothingList, zList;
+  std::vector<bool> overwriteList;
+  std::vector<WeightsKind> weightsList;
+  auto parseOp = [](StringRef s) -> std::optional<KernelOp> {
+    return llvm::StringSwitch<std::optional<KernelOp>>(s)
+        .Case("forward", KernelOp::Forward)
+        .Case("backward", KernelOp::Backward)
+        .Case("fused", KernelOp::Fused)
+        .Default(std::nullopt);
+  };
+  auto parseLogits = [](StringRef s) -> std::optional<ElemType> {
+    return llvm::StringSwitch<std::optional<ElemType>>(s)
+        .Case("bf16", ElemType::BF16)
+        .Case("f16", ElemType::F16)
+        .Case("f32", ElemType::F32)
+        .Default(std::nullopt);
+  };
+  auto parseLabels = [](StringRef s) -> std::optional<ElemType> {
+    return llvm::StringSwitch<std::optional<ElemType>>(s)
+        .Case("i32", ElemType::I32)
+        .Case("i64", ElemType::I64)
+        .Default(std::nullopt);
+  };
+  auto parseLayout = [](StringRef s) -> std::optional<LabelLayout> {
+    return llvm::StringSwitch<std::optional<LabelLayout>>(s)
+        .Case("flat", LabelLayout::Flat)
+        .Case("sbv_bs", LabelLayout::SbvBs)
+        .Case("sbv_sb", LabelLayout::SbvSb)
+        .Default(std::nullopt);
+  };
+  auto parseIgnore =
+      [](StringRef s) -> std::optional<std::optional<int64_t>> {
+    if (s == "none")
+      return std::optional<int64_t>();
+    int64_t value;
+    if (s.getAsInteger(10, value))
+      return std::nullopt;
+    return std::optional<int64_t>(value);
+  };
+  auto parseSmoothing = [](StringRef s) -> std::optional<float> {
+    std::optional<float> value = parseFloat(s);
+    if (!value || !(*value >= 0.0f && *value < 1.0f))
+      return std::nullopt;
+    return value;
+  };
+  auto parseZ = [](StringRef s) -> std::optional<float> {
+    std::optional<float> value = parseFloat(s);
+    if (!value || !(*value >= 0.0f) || std::isinf(*value))
+      return std::nullopt;
+    return value;
+  };
+  auto parseBool = [](StringRef s) -> std::optional<bool> {
+    if (s == "0")
+      return false;
+    if (s == "1")
+      return true;
+    return std::nullopt;
+  };
+  auto parseWeights = [](StringRef s) -> std::optional<WeightsKind> {
+    return llvm::StringSwitch<std::optional<WeightsKind>>(s)
+        .Case("scalar", WeightsKind::Scalar)
+        .Case("token", WeightsKind::Token)
+        .Default(std::nullopt);
+  };
+  if (failed(parseEach<KernelOp>(ops, {"forward"}, "op", parseOp, opList,
+                                 error)) ||
+      failed(parseEach<ElemType>(logitsTypes, {"bf16"}, "logits",
+                                 parseLogits, logitsList, error)) ||
+      failed(parseEach<ElemType>(labelTypes, {"i64"}, "labels", parseLabels,
+                                 labelsList, error)) ||
+      failed(parseEach<LabelLayout>(layouts, {"sbv_bs"}, "layout",
+                                    parseLayout, layoutList, error)) ||
+      failed(parseEach<std::optional<int64_t>>(ignoreIndices, {"none"},
+                                               "ignore-index", parseIgnore,
+                                               ignoreList, error)) ||
+      failed(parseEach<float>(smoothings, {"0"}, "label-smoothing",
+                              parseSmoothing, smoothingList, error)) ||
+      failed(parseEach<float>(zLosses, {"0"}, "z-loss", parseZ, zList,
+                              error)) ||
+      failed(parseEach<bool>(overwrites, {"0"}, "overwrite", parseBool,
+                             overwriteList, error)) ||
+      failed(parseEach<WeightsKind>(weightKinds, {"scalar"}, "weights",
+                                    parseWeights, weightsList, error)))
+    return failure();
+
+  std::vector<KernelVariantKey> keys;
+  std::set<std::string> seen;
+  for (KernelOp op : opList)
+    for (ElemType logits : logitsList)
+      for (ElemType labels : labelsList)
+        for (LabelLayout layout : layoutList)
+          for (const std::optional<int64_t> &ignore : ignoreList)
+            for (float smoothing : smoothingList)
+              for (float z : zList)
+                for (bool overwrite : overwriteList)
+                  for (WeightsKind weights : weightsList) {
+                    KernelVariantKey key;
+                    key.op = op;
+                    key.logits = logits;
+                    key.labels = labels;
+                    key.layout = layout;
+                    key.ignoreIndex = ignore;
+                    key.labelSmoothing = smoothing;
+                    key.zLoss = z;
+                    key.overwrite = op != KernelOp::Forward && overwrite;
+                    key.weights =
+                        op == KernelOp::Fused ? weights : WeightsKind::None;
+                    if (seen.insert(key.str()).second)
+                      keys.push_back(key);
+                  }
+  return keys;
+}
+
+/// Writes `text` to `path` ('-' is stdout).
+LogicalResult writeOutput(StringRef path, StringRef text) {
+  std::string error;
+  auto file = openOutputFile(path, &error);
+  if (!file) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return failure();
+  }
+  file->os() << text;
+  file->keep();
+  return success();
+}
+
+int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels) {
+  HostTargetOptions hostOptions;
+  hostOptions.cpu = hostCpu;
+  std::string error;
+  auto machine = createHostTargetMachine(hostOptions, error);
+  if (failed(machine))
+    return usageError("host target: " + error);
+  llvm::LLVMContext llvmContext;
+  std::unique_ptr<llvm::Module> llvmModule = translateAndOptimize(
+      module, llvmContext, **machine, hostOptions.optLevel, error);
+  if (!llvmModule) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
+  std::string assembly, object;
+  if (!dumpDir.empty() || emitStage == EmitStage::Isa) {
+    if (failed(emitMachineCode(*llvmModule, **machine, false, assembly,
+                               error))) {
+      llvm::errs() << "ce-gen: error: " << error << "\n";
+      return 1;
+    }
+  }
+  if (!dumpDir.empty()) {
+    std::string ir;
+    llvm::raw_string_ostream os(ir);
+    llvmModule->print(os, nullptr);
+    if (failed(writeOutput(dumpDir + "/kernel.opt.ll", ir)) ||
+        failed(writeOutput(dumpDir + "/kernel.s", assembly)))
+      return 1;
+  }
+  if (emitStage == EmitStage::Llvm) {
+    std::string ir;
+    llvm::raw_string_ostream os(ir);
+    llvmModule->print(os, nullptr);
+    return failed(writeOutput(outputPath, ir)) ? 1 : 0;
+  }
+  if (emitStage == EmitStage::Isa)
+    return failed(writeOutput(outputPath, assembly)) ? 1 : 0;
+  if (failed(emitMachineCode(*llvmModule, **machine, true, object, error))) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
+  if (emitStage == EmitStage::Obj)
+    return failed(writeOutput(outputPath, object)) ? 1 : 0;
+
+  // Bundle: link the object into a shared object beside the manifest.
+  if (outputPath == "-")
+    return usageError("--emit=bundle needs an output directory (-o DIR)");
+  if (std::error_code ec = llvm::sys::fs::create_directories(outputPath))
+    return usageError("cannot create '" + outputPath + "': " + ec.message());
+  std::string objectPath = outputPath + "/host-x86_64.o";
+  std::string soName = "host-x86_64.so";
+  if (failed(writeOutput(objectPath, object)))
+    return 1;
+  LogicalResult linked = linkSharedObject(
+      CE_LD_LLD, objectPath, outputPath + "/" + soName, error);
+  llvm::sys::fs::remove(objectPath);
+  if (failed(linked)) {
+    llvm::errs() << "ce-gen: error: linking host kernels: " << error << "\n";
+    return 1;
+  }
+  std::string manifest;
+  llvm::raw_string_ostream os(manifest);
+  writeManifest(os, {BundleObject{soName, "host", "shared-object",
+                                  std::move(kernels)}});
+  return failed(writeOutput(outputPath + "/manifest.json", manifest)) ? 1 : 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+  registerPassManagerCLOptions();
+  registerCEPassesAndPipelines();
+  cl::HideUnrelatedOptions({&category, &cl::getGeneralCategory()});
+  if (!cl::ParseCommandLineOptions(argc, argv,
+                                   "cegen kernel generator\n\n"
+                                   "  ce-gen --target=host --op=forward,"
+                                   "backward --logits=bf16 -o bundle/\n",
+                                   &llvm::errs()))
+    return 2;
+
+  TargetOptions targetOptions;
+  targetOptions.targets.assign(targets.begin(), targets.end());
+  if (targetOptions.targets.empty())
+    targetOptions.targets.push_back("host");
+  std::string error;
+  if (failed(targetOptions.verify(error)))
+    return usageError(error);
+  if (vectorWidth == 0 || (vectorWidth & (vectorWidth - 1)) != 0)
+    return usageError("--vector-width must be a power of two");
+  if (unroll == 0)
+    return usageError("--unroll must be at least 1");
+
+  DialectRegistry registry;
+  registerCEDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+
+  OwningOpRef<ModuleOp> module;
+  bool fromFile = !inputFile.empty();
+  if (fromFile) {
+    bool variantOptions = !ops.empty() || !logitsTypes.empty() ||
+                          !labelTypes.empty() || !layouts.empty() ||
+                          !ignoreIndices.empty() || !smoothings.empty() ||
+                          !zLosses.empty() || !overwrites.empty() ||
+                          !weightKinds.empty();
+    if (variantOptions)
+      return usageError("variant options (--op, --logits, ...) conflict with "
+                        "an input file; give one or the other");
+    std::string readError;
+    auto file = openInputFile(inputFile, &readError);
+    if (!file)
+      return usageError(readError);
+    llvm::SourceMgr sourceMgr;
+    sourceMgr.AddNewSourceBuffer(std::move(file), llvm::SMLoc());
+    module = parseSourceFile<ModuleOp>(sourceMgr, &context);
+    if (!module)
+      return 2;
+  } else {
+    auto keys = expandVariants(error);
+    if (failed(keys))
+      return usageError(error);
+    module = ModuleOp::create(UnknownLoc::get(&context));
+    for (auto [i, key] : llvm::enumerate(*keys))
+      buildKernel(*module, ("ce_" + llvm::Twine(::ce::stringify(key.op)) +
+                            "_" + llvm::Twine(i))
+                               .str(),
+                  key);
+    if (failed(verify(*module)))
+      return 1;
+  }
+
+  if (emitStage == EmitStage::Mlir) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    module->print(os);
+    return failed(writeOutput(outputPath, text)) ? 1 : 0;
+  }
+
+  // Fuse before describing: fusion changes which kernels exist.
+  HostPipelineOptions pipelineOptions;
+  pipelineOptions.fuse = !noFuse;
+  pipelineOptions.vectorWidth = vectorWidth;
+  pipelineOptions.unroll = unroll;
+  {
+    PassManager pm(&context);
+    if (failed(applyPassManagerCLOptions(pm)))
+      return 2;
+    if (pipelineOptions.fuse)
+      pm.addPass(createCEFuseForwardBackward());
+    if (failed(pm.run(*module)))
+      return 2;
+  }
+  std::vector<KernelInfo> kernels;
+  for (auto func : module->getOps<func::FuncOp>()) {
+    FailureOr<KernelInfo> info = describeKernel(func);
+    if (failed(info))
+      return 2;
+    func->setAttr("llvm.emit_c_interface", UnitAttr::get(&context));
+    kernels.push_back(std::move(*info));
+  }
+
+  PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm)))
+    return 2;
+  pipelineOptions.fuse = false;
+  if (emitStage == EmitStage::Loops)
+    buildHostLoopsPipeline(pm, pipelineOptions);
+  else
+    buildHostPipeline(pm, pipelineOptions);
+  if (failed(pm.run(*module)))
+    return 2;
+  if (emitStage == EmitStage::Loops) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    module->print(os);
+    return failed(writeOutput(outputPath, text)) ? 1 : 0;
+  }
+  return runHostCodegen(*module, std::move(kernels));
+}
