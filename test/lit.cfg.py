@@ -23,9 +23,14 @@ llvm_config.use_default_substitutions()
 
 tool_dirs = [config.ce_tools_dir, config.llvm_tools_dir]
 llvm_config.add_tool_substitutions(
-    ["ce-opt", "ce-gen", "llvm-readelf", "llvm-objdump", "llvm-nm"],
+    ["ce-opt", "ce-gen", "llvm-readelf", "llvm-objdump", "llvm-nm", "not"],
     tool_dirs)
 
 # Hardware features: GPU tests need a device and never run in CI.
 if shutil.which("nvidia-smi"):
     config.available_features.add("cuda")
+
+# Inputs/ folders hold files that RUN lines read; they are not tests.
+config.excludes.append("Inputs")
+# `foo.test.mlir` companions of .test files are inputs too.
+config.excludes.append("input-file.test.mlir")

@@ -187,6 +187,24 @@ private:
 
 } // namespace
 
+/// Prints the layout as a bare keyword: `layout = sbv_bs`.
+static void printLayout(OpAsmPrinter &printer, Operation *, LayoutAttr layout) {
+  printer << stringifyLayout(layout.getValue());
+}
+
+static ParseResult parseLayout(OpAsmParser &parser, LayoutAttr &layout) {
+  StringRef keyword;
+  SMLoc loc = parser.getCurrentLocation();
+  if (parser.parseKeyword(&keyword))
+    return failure();
+  std::optional<Layout> value = symbolizeLayout(keyword);
+  if (!value)
+    return parser.emitError(loc, "unknown layout '")
+           << keyword << "'; expected flat, sbv_bs or sbv_sb";
+  layout = LayoutAttr::get(parser.getContext(), *value);
+  return success();
+}
+
 LogicalResult ForwardOp::verify() {
   CrossEntropyVerifier verifier(*this, getLayout());
   if (failed(verifier.verifyLogits(getLogits())) ||

@@ -362,7 +362,7 @@ struct CELowerToLoopsPass
   void runOnOperation() override {
     if (vectorWidth == 0 || !llvm::has_single_bit(vectorWidth.getValue())) {
       getOperation().emitError("vector-width must be a power of two, got ")
-          << vectorWidth;
+          << vectorWidth.getValue();
       return signalPassFailure();
     }
     if (unroll == 0) {

@@ -27,7 +27,8 @@ defvar CE_StatusOperand = (ins
   Arg<Optional<CE_StatusMemRef>, "bad-label status", [MemWrite]>:$status);
 
 defvar CE_StatusFormat =
-  "(`status` `(` $status^ `:` type($status) `)`)? `layout` `=` $layout";
+  "(`status` `(` $status^ `:` type($status) `)`)? `layout` `=` "
+  "custom<Layout>($layout)";
 
 class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     : CE_Op<mnemonic, traits> {

@@ -1,0 +1,209 @@
+// RUN: ce-opt %s -split-input-file -verify-diagnostics
+
+func.func @flat_needs_rank2(%x: memref<?x?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{layout 'flat' expects rank-2 logits, got rank 3}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @sbv_needs_rank3(%x: memref<?x?xf32>, %y: memref<?x?xi64>, %l: memref<?x?xf32>, %e: memref<?x?xf32>) {
+  // expected-error @+1 {{layout 'sbv_bs' expects rank-3 logits, got rank 2}}
+  ce.forward %x, %y into %l, %e layout = sbv_bs : memref<?x?xf32>, memref<?x?xi64> into memref<?x?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @vocab_stride(%x: memref<?x?xf32, strided<[1, ?]>>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{logits must have a static unit stride in the vocabulary dimension}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?xf32, strided<[1, ?]>>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @labels_transposed(%x: memref<4x2x7xf32>, %y: memref<4x2xi64>, %l: memref<2x4xf32>, %e: memref<2x4xf32>) {
+  // expected-error @+1 {{'labels' shape [4, 2] does not match the token shape [2, 4] of layout 'sbv_bs'}}
+  ce.forward %x, %y into %l, %e layout = sbv_bs : memref<4x2x7xf32>, memref<4x2xi64> into memref<2x4xf32>, memref<2x4xf32>
+  return
+}
+
+// -----
+
+func.func @loss_shape(%x: memref<4x2x7xf32>, %y: memref<4x2xi64>, %l: memref<4x3xf32>, %e: memref<4x2xf32>) {
+  // expected-error @+1 {{'loss' shape [4, 3] does not match the token shape [4, 2] of layout 'sbv_sb'}}
+  ce.forward %x, %y into %l, %e layout = sbv_sb : memref<4x2x7xf32>, memref<4x2xi64> into memref<4x3xf32>, memref<4x2xf32>
+  return
+}
+
+// -----
+
+func.func @lse_rank(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?x?xf32>) {
+  // expected-error @+1 {{'lse' shape [?, ?] does not match the token shape [?] of layout 'flat'}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @grad_loss_shape(%x: memref<8x7xf32>, %y: memref<8xi64>, %e: memref<8xf32>, %g: memref<9xf32>, %dx: memref<8x7xf32>) {
+  // expected-error @+1 {{'grad_loss' shape [9] does not match the token shape [8] of layout 'flat'}}
+  ce.backward %x, %y, %e, %g into %dx layout = flat : memref<8x7xf32>, memref<8xi64>, memref<8xf32>, memref<9xf32> into memref<8x7xf32>
+  return
+}
+
+// -----
+
+func.func @weights_shape(%x: memref<8x7xf32>, %y: memref<8xi64>, %w: memref<4xf32>, %l: memref<8xf32>, %e: memref<8xf32>, %dx: memref<8x7xf32>) {
+  // expected-error @+1 {{'weights' shape [4] does not match the token shape [8] of layout 'flat'}}
+  ce.fused %x, %y, %w into %l, %e, %dx layout = flat : memref<8x7xf32>, memref<8xi64>, memref<4xf32> into memref<8xf32>, memref<8xf32>, memref<8x7xf32>
+  return
+}
+
+// -----
+
+func.func @grad_element_type(%x: memref<?x?xbf16>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xf32>) {
+  // expected-error @+1 {{gradient element type 'f32' differs from the logits element type 'bf16'}}
+  ce.backward %x, %y, %e, %g into %dx layout = flat : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @grad_shape(%x: memref<8x7xf32>, %y: memref<8xi64>, %e: memref<8xf32>, %g: memref<8xf32>, %dx: memref<8x6xf32>) {
+  // expected-error @+1 {{gradient shape [8, 6] does not match the logits shape [8, 7]}}
+  ce.backward %x, %y, %e, %g into %dx layout = flat : memref<8x7xf32>, memref<8xi64>, memref<8xf32>, memref<8xf32> into memref<8x6xf32>
+  return
+}
+
+// -----
+
+func.func @grad_stride(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xf32, strided<[1, ?]>>) {
+  // expected-error @+1 {{gradient must have a static unit stride in the vocabulary dimension}}
+  ce.backward %x, %y, %e, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32, strided<[1, ?]>>
+  return
+}
+
+// -----
+
+func.func @status_shape(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %st: memref<2xi64>) {
+  // expected-error @+1 {{status must be a memref<1xi64>, got 'memref<2xi64>'}}
+  ce.forward %x, %y into %l, %e status(%st : memref<2xi64>) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @smoothing_negative(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{label_smoothing must be in [0, 1), got -1.000000e-01}}
+  ce.forward %x, %y into %l, %e layout = flat {label_smoothing = -0.1 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @smoothing_one(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{label_smoothing must be in [0, 1), got 1.000000e+00}}
+  ce.forward %x, %y into %l, %e layout = flat {label_smoothing = 1.0 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @z_loss_negative(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{z_loss must be finite and non-negative, got -1.000000e+00}}
+  ce.forward %x, %y into %l, %e layout = flat {z_loss = -1.0 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @z_loss_inf(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{z_loss must be finite and non-negative}}
+  ce.forward %x, %y into %l, %e layout = flat {z_loss = 0x7F800000 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @shard_outside_vocab(%x: memref<?x64xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{shard [96, 160) of the logits exceeds the vocabulary of 128}}
+  ce.forward %x, %y into %l, %e layout = flat {shard = #ce.shard<start = 96, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// expected-error @+1 {{shard vocabulary size must be positive, got 0}}
+func.func private @shard_empty() attributes {s = #ce.shard<start = 0, vocab = 0>}
+
+// -----
+
+// expected-error @+1 {{shard start 8 is outside the vocabulary [0, 8)}}
+func.func private @shard_start() attributes {s = #ce.shard<start = 8, vocab = 8>}
+
+// -----
+
+func.func @outputs_alias(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>) {
+  // expected-error @+1 {{outputs 'loss' and 'lse' are the same buffer}}
+  ce.forward %x, %y into %l, %l layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @output_is_input(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<?xf32>, %e: memref<?xf32>, %dx: memref<?x?xf32>) {
+  // expected-error @+1 {{output 'loss' is the same buffer as input 'weights'}}
+  ce.fused %x, %y, %w into %w, %e, %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32> into memref<?xf32>, memref<?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @overwrite_needs_logits(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xf32>) {
+  // expected-error @+1 {{overwrite_input requires the gradient buffer to be the logits buffer}}
+  ce.backward %x, %y, %e, %g into %dx layout = flat {overwrite_input} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @aliasing_without_overwrite(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<f32>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{gradient buffer is the logits buffer; set overwrite_input to write the gradient over the logits}}
+  ce.fused %x, %y, %w into %l, %e, %x layout = flat : memref<?x?xf32>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @logits_type(%x: memref<?x?xi32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{operand #0 must be memref of bfloat16 type or 16-bit float or 32-bit float values}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?xi32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @labels_type(%x: memref<?x?xf32>, %y: memref<?xf32>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{operand #1 must be memref of 32-bit signless integer or 64-bit signless integer values}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?xf32>, memref<?xf32> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @loss_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf16>, %e: memref<?xf32>) {
+  // expected-error @+1 {{operand #2 must be memref of 32-bit float values}}
+  ce.forward %x, %y into %l, %e layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf16>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @unknown_layout(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{unknown layout 'bsv'; expected flat, sbv_bs or sbv_sb}}
+  ce.forward %x, %y into %l, %e layout = bsv : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}

@@ -1,0 +1,64 @@
+// RUN: ce-opt %s | ce-opt | FileCheck %s
+// RUN: ce-opt %s --mlir-print-op-generic | ce-opt | FileCheck %s
+
+// CHECK-LABEL: func @forward_sbv_bs
+// CHECK-SAME: %[[X:.*]]: memref<?x?x?xbf16>, %[[Y:.*]]: memref<?x?xi64>, %[[L:.*]]: memref<?x?xf32>, %[[E:.*]]: memref<?x?xf32>
+func.func @forward_sbv_bs(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %loss: memref<?x?xf32>, %lse: memref<?x?xf32>) {
+  // CHECK: ce.forward %[[X]], %[[Y]] into %[[L]], %[[E]] layout = sbv_bs : memref<?x?x?xbf16>, memref<?x?xi64> into memref<?x?xf32>, memref<?x?xf32>
+  ce.forward %x, %y into %loss, %lse layout = sbv_bs : memref<?x?x?xbf16>, memref<?x?xi64> into memref<?x?xf32>, memref<?x?xf32>
+  return
+}
+
+// CHECK-LABEL: func @forward_sbv_sb_static
+func.func @forward_sbv_sb_static(%x: memref<4x2x7xf16>, %y: memref<4x2xi32>, %loss: memref<4x2xf32>, %lse: memref<4x2xf32>, %st: memref<1xi64>) {
+  // CHECK: ce.forward %{{.*}}, %{{.*}} into %{{.*}}, %{{.*}} status(%{{.*}} : memref<1xi64>) layout = sbv_sb
+  // CHECK-SAME: ignore_index = -100 : i64
+  // CHECK-SAME: label_smoothing = 1.000000e-01 : f32
+  // CHECK-SAME: z_loss = 9.99999974E-5 : f32
+  ce.forward %x, %y into %loss, %lse status(%st : memref<1xi64>) layout = sbv_sb {ignore_index = -100 : i64, label_smoothing = 0.1 : f32, z_loss = 1.0e-4 : f32} : memref<4x2x7xf16>, memref<4x2xi32> into memref<4x2xf32>, memref<4x2xf32>
+  return
+}
+
+// CHECK-LABEL: func @forward_flat_strided_shard
+func.func @forward_flat_strided_shard(%x: memref<?x64xf32, strided<[128, 1], offset: ?>>, %y: memref<?xi64, strided<[?], offset: ?>>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
+  // CHECK: layout = flat {shard = #ce.shard<start = 64, vocab = 128>}
+  ce.forward %x, %y into %loss, %lse layout = flat {shard = #ce.shard<start = 64, vocab = 128>} : memref<?x64xf32, strided<[128, 1], offset: ?>>, memref<?xi64, strided<[?], offset: ?>> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// CHECK-LABEL: func @backward_overwrite
+// CHECK-SAME: %[[X:.*]]: memref<?x?x?xbf16>
+func.func @backward_overwrite(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32, strided<[0, 0]>>) {
+  // CHECK: ce.backward %[[X]], %{{.*}}, %{{.*}}, %{{.*}} into %[[X]] layout = sbv_bs {overwrite_input}
+  ce.backward %x, %y, %lse, %g into %x layout = sbv_bs {overwrite_input} : memref<?x?x?xbf16>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32, strided<[0, 0]>> into memref<?x?x?xbf16>
+  return
+}
+
+// CHECK-LABEL: func @backward_separate_grad
+// CHECK-SAME: %[[X:.*]]: memref<?x?xf32>, %{{.*}}: memref<?xi32>, %{{.*}}: memref<?xf32>, %{{.*}}: memref<?xf32>, %[[G:.*]]: memref<?x?xf32>
+func.func @backward_separate_grad(%x: memref<?x?xf32>, %y: memref<?xi32>, %lse: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xf32>, %st: memref<1xi64>) {
+  // CHECK: ce.backward %[[X]], {{.*}} into %[[G]] status({{.*}}) layout = flat {ignore_index = 0 : i64}
+  ce.backward %x, %y, %lse, %g into %dx status(%st : memref<1xi64>) layout = flat {ignore_index = 0 : i64} : memref<?x?xf32>, memref<?xi32>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// CHECK-LABEL: func @fused_scalar_weight
+func.func @fused_scalar_weight(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<f32>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
+  // CHECK: ce.fused {{.*}} layout = flat {overwrite_input, z_loss = 9.99999974E-5 : f32} : memref<?x?xbf16>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  ce.fused %x, %y, %w into %loss, %lse, %x layout = flat {overwrite_input, z_loss = 1.0e-4 : f32} : memref<?x?xbf16>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  return
+}
+
+// CHECK-LABEL: func @fused_token_weights
+func.func @fused_token_weights(%x: memref<?x?x?xf32>, %y: memref<?x?xi64>, %w: memref<?x?xf32>, %loss: memref<?x?xf32>, %lse: memref<?x?xf32>, %dx: memref<?x?x?xf32>) {
+  // CHECK: ce.fused {{.*}} layout = sbv_sb {label_smoothing = 5.000000e-02 : f32}
+  ce.fused %x, %y, %w into %loss, %lse, %dx layout = sbv_sb {label_smoothing = 0.05 : f32} : memref<?x?x?xf32>, memref<?x?xi64>, memref<?x?xf32> into memref<?x?xf32>, memref<?x?xf32>, memref<?x?x?xf32>
+  return
+}
+
+// CHECK-LABEL: func @layout_attr_forms
+func.func @layout_attr_forms() attributes {ce.layouts = [#ce<layout flat>, #ce<layout sbv_bs>, #ce<layout sbv_sb>], ce.shard = #ce.shard<start = 0, vocab = 1>} {
+  // CHECK: ce.layouts = [#ce<layout flat>, #ce<layout sbv_bs>, #ce<layout sbv_sb>]
+  // CHECK-SAME: ce.shard = #ce.shard<start = 0, vocab = 1>
+  return
+}

@@ -1,0 +1,102 @@
+// RUN: ce-opt %s --ce-fuse-forward-backward --split-input-file -verify-diagnostics | FileCheck %s
+
+// Fusion fires: the upstream gradient exists before the forward, and the
+// backward writes the gradient over the logits.
+
+// CHECK-LABEL: func @fuse_overwrite
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %[[Y:[^:]*]]: memref<?xi64>, %[[G:[^:]*]]: memref<?xf32>, %[[L:[^:]*]]: memref<?xf32>, %[[E:[^:]*]]: memref<?xf32>
+// CHECK-NEXT: ce.fused %[[X]], %[[Y]], %[[G]] into %[[L]], %[[E]], %[[X]] layout = flat {ignore_index = -100 : i64, overwrite_input}
+// CHECK-NOT: ce.forward
+// CHECK-NOT: ce.backward
+func.func @fuse_overwrite(%x: memref<?x?xbf16>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = flat {ignore_index = -100 : i64} : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  ce.backward %x, %y, %lse, %g into %x layout = flat {overwrite_input, ignore_index = -100 : i64} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  return
+}
+
+// -----
+
+// An upstream gradient allocated before the forward also fuses; the
+// forward's status buffer is kept.
+
+// CHECK-LABEL: func @fuse_allocated_gradient
+// CHECK: %[[W:.*]] = memref.alloc(%{{.*}}, %{{.*}}) : memref<?x?xf32>
+// CHECK: ce.fused %{{.*}}, %{{.*}}, %[[W]] into %{{.*}}, %{{.*}}, %{{.*}} status(%{{.*}} : memref<1xi64>) layout = sbv_bs {label_smoothing = 1.000000e-01 : f32}
+func.func @fuse_allocated_gradient(%x: memref<?x?x?xf32>, %y: memref<?x?xi64>, %loss: memref<?x?xf32>, %lse: memref<?x?xf32>, %dx: memref<?x?x?xf32>, %st: memref<1xi64>, %b: index, %s: index) {
+  %w = memref.alloc(%b, %s) : memref<?x?xf32>
+  ce.forward %x, %y into %loss, %lse status(%st : memref<1xi64>) layout = sbv_bs {label_smoothing = 0.1 : f32} : memref<?x?x?xf32>, memref<?x?xi64> into memref<?x?xf32>, memref<?x?xf32>
+  ce.backward %x, %y, %lse, %w into %dx layout = sbv_bs {label_smoothing = 0.1 : f32} : memref<?x?x?xf32>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32> into memref<?x?x?xf32>
+  return
+}
+
+// -----
+
+// Not fused: the upstream gradient is made after the forward.
+
+// CHECK-LABEL: func @gradient_defined_after_forward
+// CHECK: ce.forward
+// CHECK: ce.backward
+func.func @gradient_defined_after_forward(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %n: index) {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  %g = memref.alloc(%n) : memref<?xf32>
+  // expected-remark @+1 {{not fused: the upstream gradient is defined after the forward}}
+  ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Not fused: something between them writes the upstream gradient.
+
+// CHECK-LABEL: func @gradient_written_between
+// CHECK: ce.forward
+// CHECK: memref.store
+// CHECK: ce.backward
+func.func @gradient_written_between(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %v: f32, %i: index) {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  memref.store %v, %g[%i] : memref<?xf32>
+  // expected-remark @+1 {{not fused: an operation between forward and backward may write a buffer the fused op reads or writes ('memref.store')}}
+  ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Not fused: under overwrite_input, an op between them reads the logits,
+// which the fused op would already have overwritten.
+
+// CHECK-LABEL: func @logits_read_between
+// CHECK: ce.forward
+// CHECK: memref.load
+// CHECK: ce.backward
+func.func @logits_read_between(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %i: index) -> f32 {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  %v = memref.load %x[%i, %i] : memref<?x?xf32>
+  // expected-remark @+1 {{not fused: an operation between forward and backward reads the gradient buffer before the backward writes it ('memref.load')}}
+  ce.backward %x, %y, %lse, %g into %x layout = flat {overwrite_input} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return %v : f32
+}
+
+// -----
+
+// Not fused: other labels, or another configuration.
+
+// CHECK-LABEL: func @mismatches
+func.func @mismatches(%x: memref<?x?xf32>, %y: memref<?xi64>, %y2: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: the backward reads other labels than the forward}}
+  ce.backward %x, %y2, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  // expected-remark @+1 {{not fused: forward and backward differ in layout, ignore_index, smoothing, z-loss or shard}}
+  ce.backward %x, %y, %lse, %g into %dx layout = flat {z_loss = 1.0e-4 : f32} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Not fused: no forward writes the lse.
+
+func.func @no_forward(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {
+  // expected-remark @+1 {{not fused: no ce.forward in this block writes the backward's lse}}
+  ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}

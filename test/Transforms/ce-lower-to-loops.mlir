@@ -1,0 +1,124 @@
+// RUN: ce-opt %s --ce-lower-to-loops="vector-width=4 unroll=2" --canonicalize --cse --split-input-file | FileCheck %s
+
+// The forward: one loop over tokens; per token a guarded label gather, a
+// vectorized statistics sweep carrying (max, rest) per lane and stepping
+// 4 lanes x 2 vectors, a scalar tail, and the loss/lse stores.
+
+// CHECK-LABEL: func @forward
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %[[Y:[^:]*]]: memref<?xi64>, %[[L:[^:]*]]: memref<?xf32>, %[[E:[^:]*]]: memref<?xf32>, %[[ST:[^:]*]]: memref<1xi64>
+// CHECK-DAG: %[[C8:.*]] = arith.constant 8 : index
+// CHECK: scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step %{{.*}} {
+// CHECK:   %[[LABEL:.*]] = memref.load %[[Y]][%[[T]]] : memref<?xi64>
+// CHECK:   %[[TARGET:.*]] = scf.if %{{.*}} -> (f32) {
+// CHECK:     memref.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>
+// CHECK:   scf.if %{{.*}} {
+// CHECK:     memref.store %{{.*}}, %[[ST]][%{{.*}}] : memref<1xi64>
+// CHECK:   %[[MAIN:.*]]:2 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[C8]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (vector<4xf32>, vector<4xf32>) {
+// CHECK:     vector.load %[[X]][%[[T]], %[[J]]] : memref<?x?xbf16>, vector<4xbf16>
+// CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
+// CHECK:     arith.maximumf %{{.*}} : vector<4xf32>
+// CHECK:     math.exp2 %{{.*}} : vector<4xf32>
+// CHECK:     scf.yield %{{.*}}, %{{.*}} : vector<4xf32>, vector<4xf32>
+// CHECK:   vector.extract_strided_slice %[[MAIN]]#0 {offsets = [0], sizes = [2], strides = [1]}
+// CHECK:   %[[TAIL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (f32, f32) {
+// CHECK:     memref.load %[[X]]
+// CHECK:   math.log2
+// CHECK:   memref.store %{{.*}}, %[[L]][%[[T]]] : memref<?xf32>
+// CHECK:   memref.store %{{.*}}, %[[E]][%[[T]]] : memref<?xf32>
+// CHECK-NOT: ce.forward
+func.func @forward(%x: memref<?x?xbf16>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %st: memref<1xi64>) {
+  ce.forward %x, %y into %loss, %lse status(%st : memref<1xi64>) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// Smoothing adds a third lane accumulator (the row sum).
+
+// CHECK-LABEL: func @forward_smoothing
+// CHECK: scf.for {{.*}} -> (vector<4xf32>, vector<4xf32>, vector<4xf32>)
+// CHECK: vector.reduction <add>
+func.func @forward_smoothing(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = flat {label_smoothing = 0.1 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// [S, B, V] logits with [B, S] labels: the token loops walk s then b, and
+// the labels are read at [b, s] in place.
+
+// CHECK-LABEL: func @forward_sbv_bs
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?x?xf16>, %[[Y:[^:]*]]: memref<?x?xi32, strided<[?, ?], offset: ?>>
+// CHECK: scf.for %[[S:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:   scf.for %[[B:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:     memref.load %[[Y]][%[[B]], %[[S]]]
+// CHECK:     arith.extsi %{{.*}} : i32 to i64
+// CHECK:     vector.load %[[X]][%[[S]], %[[B]], %{{.*}}] : memref<?x?x?xf16>, vector<4xf16>
+func.func @forward_sbv_bs(%x: memref<?x?x?xf16>, %y: memref<?x?xi32, strided<[?, ?], offset: ?>>, %loss: memref<?x?xf32>, %lse: memref<?x?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = sbv_bs : memref<?x?x?xf16>, memref<?x?xi32, strided<[?, ?], offset: ?>> into memref<?x?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Backward with overwrite_input: the gradient sweep stores into the logits
+// buffer itself, an ignored token gets a zero row, and the target element
+// is written last from expm1 of its log-probability.
+
+// CHECK-LABEL: func @backward_overwrite
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %[[Y:[^:]*]]: memref<?xi64>, %[[E:[^:]*]]: memref<?xf32>, %[[G:[^:]*]]: memref<?xf32>
+// CHECK-DAG: %[[IGNORE:.*]] = arith.constant -100 : i64
+// CHECK: scf.for %[[T:.*]] = %{{.*}} to %{{.*}} step
+// CHECK:   %[[LABEL:.*]] = memref.load %[[Y]][%[[T]]]
+// CHECK:   %[[IGNORED:.*]] = arith.cmpi eq, %[[LABEL]], %[[IGNORE]]
+// CHECK:   memref.load %[[E]][%[[T]]]
+// CHECK:   memref.load %[[G]][%[[T]]]
+// CHECK:   scf.if %[[IGNORED]] {
+// CHECK:     vector.store %{{.*}}, %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
+// CHECK:   } else {
+// CHECK:     scf.for
+// CHECK:       vector.load %[[X]][%[[T]], %{{.*}}]
+// CHECK:       math.exp2 %{{.*}} : vector<4xf32>
+// CHECK:       vector.store %{{.*}}, %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
+// CHECK:     scf.if
+// CHECK:       math.exp2 %{{.*}} : f32
+// CHECK:       math.log2 %{{.*}} : f32
+// CHECK:       memref.store %{{.*}}, %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>
+func.func @backward_overwrite(%x: memref<?x?xbf16>, %y: memref<?xi64>, %lse: memref<?xf32>, %g: memref<?xf32>) {
+  ce.backward %x, %y, %lse, %g into %x layout = flat {overwrite_input, ignore_index = -100 : i64} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  return
+}
+
+// -----
+
+// Backward into a separate buffer: the logits are only read.
+
+// CHECK-LABEL: func @backward_separate
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?xf32>, %{{[^:]*}}: memref<?xi64>, %{{[^:]*}}: memref<?xf32>, %{{[^:]*}}: memref<?xf32>, %[[DX:[^:]*]]: memref<?x?xf32>
+// CHECK-NOT: vector.store %{{.*}}, %[[X]]
+// CHECK-NOT: memref.store %{{.*}}, %[[X]]
+// CHECK: vector.store %{{.*}}, %[[DX]]
+func.func @backward_separate(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xf32>) {
+  ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Fused: the statistics sweep, then the gradient sweep over the same row;
+// a scalar weight is loaded once, before the token loop.
+
+// CHECK-LABEL: func @fused_scalar
+// CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %{{[^:]*}}: memref<?xi64>, %[[W:[^:]*]]: memref<f32>
+// CHECK: memref.load %[[W]][] : memref<f32>
+// CHECK: scf.for
+// CHECK:   scf.for {{.*}} -> (vector<4xf32>, vector<4xf32>)
+// CHECK:   memref.store
+// CHECK:   memref.store
+// CHECK:   scf.for
+// CHECK:     vector.store %{{.*}}, %[[X]]
+func.func @fused_scalar(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<f32>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
+  ce.fused %x, %y, %w into %loss, %lse, %x layout = flat {overwrite_input, z_loss = 1.0e-4 : f32} : memref<?x?xbf16>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  return
+}
