@@ -108,10 +108,11 @@ def _producer_saved_logits(logits: torch.Tensor) -> Optional[str]:
     return None
 
 
-def _is_compiling() -> bool:
+def is_compiling() -> bool:
+    """Whether torch.compile (dynamo) is tracing the caller."""
     compiler = getattr(torch, "compiler", None)
-    is_compiling = getattr(compiler, "is_compiling", None)
-    return bool(is_compiling()) if is_compiling is not None else False
+    probe = getattr(compiler, "is_compiling", None)
+    return bool(probe()) if probe is not None else False
 
 
 def overwrite_refusal(logits: torch.Tensor, python_refs: int, vouched_refs: int = 0) -> Optional[str]:
@@ -124,7 +125,7 @@ def overwrite_refusal(logits: torch.Tensor, python_refs: int, vouched_refs: int 
         vouched_refs: references the caller knows about and vouches for (e.g. Megatron's
             local variable ``logits`` that its loss caller never reads again).
     """
-    if _is_compiling():
+    if is_compiling():
         return "overwrite_input is not honored while torch.compile traces the loss"
     if not logits.requires_grad:
         return None  # no gradient will be written anywhere; nothing to refuse

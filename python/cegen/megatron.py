@@ -41,6 +41,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Type
 
 import torch
 
+from ._ownership import is_compiling
 from ._runtime import runtime_available
 from .ops import cross_entropy_vouched
 
@@ -289,7 +290,7 @@ def _make_patched(original: Callable[..., torch.Tensor],
                   settings: TurboCESettings) -> Callable[..., torch.Tensor]:
     @functools.wraps(original)
     def compute_language_model_loss(self: Any, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        python_refs = sys.getrefcount(logits)  # first statement: see cegen._ownership
+        python_refs = 0 if is_compiling() else sys.getrefcount(logits)  # see cegen._ownership
         reason = supported_case(self, labels, logits)
         if reason is not None:
             _log_fallback(reason)

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 from . import _library
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs
-from ._ownership import bump_version, overwrite_refusal, warn_refused
+from ._ownership import bump_version, is_compiling, overwrite_refusal, warn_refused
 from ._runtime import Bundle
 
 __all__ = ["cross_entropy", "cross_entropy_vouched"]
@@ -76,30 +76,38 @@ def _rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss
     return grad.mul_(_per_token_column(ratio, grad.dim(), label_layout))
 
 
+# The Functions take the options as separate primitives (not a KernelOptions object) so that
+# torch.compile can treat them as constants.
+
+
 class _CrossEntropyFunction(torch.autograd.Function):
-    """Forward kernel now, backward kernel in ``backward``."""
+    """Forward kernel now, backward kernel in ``backward``; outputs (loss, lse)."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
-                options: KernelOptions, overwrite: bool) -> torch.Tensor:
-        loss, lse = _library.forward(logits, labels, *_op_args(options))
+                ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                label_layout: str, bundle: Optional[str],
+                overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle)
+        loss, lse = _library.forward(logits, labels, *op_args)
         ctx.save_for_backward(logits, labels, lse)
-        ctx.options = options
+        ctx.op_args = op_args
         ctx.overwrite = overwrite
         ctx.mark_non_differentiable(lse)
-        return loss
+        return loss, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: torch.Tensor,  # type: ignore[override]
+                 grad_lse: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
         logits, labels, lse = ctx.saved_tensors
         if ctx.overwrite:
-            _library.backward_overwrite(logits, labels, lse, grad_loss, *_op_args(ctx.options))
+            _library.backward_overwrite(logits, labels, lse, grad_loss, *ctx.op_args)
             bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
             grad = logits.detach()
         else:
-            grad = _library.backward(logits, labels, lse, grad_loss, *_op_args(ctx.options))
-        return grad, None, None, None
+            grad = _library.backward(logits, labels, lse, grad_loss, *ctx.op_args)
+        return grad, None, None, None, None, None, None, None
 
 
 class _FusedCrossEntropyFunction(torch.autograd.Function):
@@ -107,17 +115,20 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
-                weights: torch.Tensor, options: KernelOptions, overwrite: bool) -> torch.Tensor:
+                weights: torch.Tensor, ignore_index: Optional[int], label_smoothing: float,
+                z_loss: float, label_layout: str, bundle: Optional[str],
+                overwrite: bool) -> torch.Tensor:
+        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle)
         if overwrite:
-            loss, lse = _library.fused_overwrite(logits, labels, weights, *_op_args(options))
+            loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
             bump_version(logits)
             grad = logits.detach()
         else:
-            loss, lse, grad = _library.fused(logits, labels, weights, *_op_args(options))
+            loss, lse, grad = _library.fused(logits, labels, weights, *op_args)
         # Saved (not kept as an attribute) so that a later in-place change of the logits'
         # storage is caught by autograd's version check instead of returned as gradient.
         ctx.save_for_backward(grad, weights)
-        ctx.label_layout = options.label_layout
+        ctx.label_layout = label_layout
         ctx.used = False
         return loss
 
@@ -132,7 +143,7 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
         ctx.used = True
         grad, weights = ctx.saved_tensors
         grad = _rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 def _bundle_path(bundle: BundleArg) -> Optional[str]:
@@ -191,11 +202,12 @@ def cross_entropy_vouched(
             overwrite = False
     if needs_grad and grad_weights is not None:
         weights = _weights_tensor(grad_weights, logits)
-        return _FusedCrossEntropyFunction.apply(logits, labels, weights, options, overwrite)
+        return _FusedCrossEntropyFunction.apply(logits, labels, weights, *_op_args(options), overwrite)
     if not needs_grad:
         loss, _ = _library.forward(logits, labels, *_op_args(options))
         return loss
-    return _CrossEntropyFunction.apply(logits, labels, options, overwrite)
+    loss, _ = _CrossEntropyFunction.apply(logits, labels, *_op_args(options), overwrite)
+    return loss
 
 
 def cross_entropy(
@@ -240,7 +252,9 @@ def cross_entropy(
         LabelOutOfRangeError (a ValueError): a label outside [0, V) not the ignore_index.
         CegenError: any other failure of the runtime or of building kernels.
     """
-    python_refs = sys.getrefcount(logits)  # first statement: see cegen._ownership
+    # First statement: see cegen._ownership. Skipped while torch.compile traces (the
+    # traced objects are not the ones that run, and overwrite is then refused anyway).
+    python_refs = 0 if is_compiling() else sys.getrefcount(logits)
     return cross_entropy_vouched(
         logits, labels, python_refs=python_refs, vouched_refs=0, ignore_index=ignore_index,
         label_smoothing=label_smoothing, z_loss=z_loss, overwrite_input=overwrite_input,

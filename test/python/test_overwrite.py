@@ -79,7 +79,8 @@ class TestOwnershipRules(unittest.TestCase):
         self.assertIsNone(self.refusal(self.x * 2.0, extra_refs=1, vouched=1))
 
     def test_producer_saved_its_output(self) -> None:
-        self.assertRegex(self.refusal(self.x.exp()), "ExpBackward")
+        # Where PyTorch exposes storage use counts the saved copy is seen as a sharer first.
+        self.assertRegex(self.refusal(self.x.exp()), "ExpBackward|share the logits' storage")
 
     def test_refcount_calibration_matches_this_interpreter(self) -> None:
         def entry(obj: object) -> int:
@@ -182,7 +183,14 @@ class TestOverwrite(unittest.TestCase):
             side.append((logits * logits).sum())
             return logits
 
-        loss = cegen.cross_entropy(logits_with_side_reader(), self.labels, overwrite_input=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = cegen.cross_entropy(logits_with_side_reader(), self.labels, overwrite_input=True)
+        if refusals(caught):
+            # PyTorch with storage use counts sees the saved copy and refuses up front.
+            self.assertIn("share the logits' storage", refusals(caught)[0])
+            (loss.sum() + side[0]).backward()
+            return
         with self.assertRaisesRegex(RuntimeError, "modified by an inplace operation"):
             (loss.sum() + side[0]).backward()
 
