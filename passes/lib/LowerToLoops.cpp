@@ -209,7 +209,7 @@ public:
 
   /// Writes the gradient row: zeros for an ignored token, NaN for a bad
   /// label, and otherwise `g * (p * c - s/V)` with the target element
-  /// replaced by `g * (expm1(log p_y) * c + (c - 1) + s - s/V)`, computed
+  /// replaced by `g * (expm1(log p_y) * c + 2 z lse + s - s/V)`, computed
   /// from the exact log-probability rather than from a rounded p_y - 1.
   void buildGradient(const Token &token, Value grad, const LabelInfo &label,
                      Value lse, Value logProb, Value weight) {
@@ -219,18 +219,20 @@ public:
         [&] {
           Value scale =
               arith::SelectOp::create(b, label.valid, weight, rows.f32(kNaN));
+          // c = 1 + 2 z lse; its excess over 1 is kept unrounded for the
+          // target term, where it may nearly cancel p_y - 1.
+          Value zTerm = rows.f32(0.0f);
           Value c = rows.f32(1.0f);
-          if (hasZLoss())
-            c = arith::AddFOp::create(
-                b, c,
-                arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse));
+          if (hasZLoss()) {
+            zTerm = arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse);
+            c = arith::AddFOp::create(b, c, zTerm);
+          }
           Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
           rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
                                   scale, c, u);
           buildIf(b, label.valid, [&] {
             Value term = arith::MulFOp::create(b, rows.buildExpm1(logProb), c);
-            term = arith::AddFOp::create(
-                b, term, arith::SubFOp::create(b, c, rows.f32(1.0f)));
+            term = arith::AddFOp::create(b, term, zTerm);
             if (hasSmoothing())
               term = arith::AddFOp::create(
                   b, term, arith::SubFOp::create(b, smoothing, uniform));

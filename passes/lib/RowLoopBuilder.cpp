@@ -151,8 +151,9 @@ Value RowLoopBuilder::mainTripEnd(Value vocab) {
 
 /// One online-softmax step of a state (max, rest) over the values `xs`
 /// (scalars or vectors of the state's shape): the new maximum rescales the
-/// old sum once, and when it comes from `xs`, its own exp(0) = 1 moves out
-/// of `rest` into the implicit term, exactly.
+/// old sum once. The maximum's own exp(0) = 1 becomes the implicit term:
+/// elements equal to the new maximum are counted as exact ones instead of
+/// being summed with the small terms, which would round those away.
 static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
                                          ImplicitLocOpBuilder &b, Value max,
                                          Value rest, ArrayRef<Value> xs,
@@ -165,19 +166,30 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   Value safeMax = safe(newMax);
   Value rescale = exp(arith::SubFOp::create(b, max, safeMax));
   Type type = max.getType();
+  Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f, type),
-                                        rows.f32(0.0f, type));
-  Value tileSum;
+  Value finiteMax = arith::CmpFOp::create(b, arith::CmpFPredicate::ONE, newMax,
+                                          rows.f32(-std::numeric_limits<float>::infinity(), type));
+  Value smallTerms, maxCount;
   for (Value x : xs) {
-    Value term = exp(arith::SubFOp::create(b, x, safeMax));
-    tileSum = tileSum ? arith::AddFOp::create(b, tileSum, term).getResult()
-                      : term;
+    Value isMax = arith::AndIOp::create(
+        b, arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, newMax),
+        finiteMax);
+    Value term = arith::SelectOp::create(
+        b, isMax, zero, exp(arith::SubFOp::create(b, x, safeMax)));
+    Value count = arith::SelectOp::create(b, isMax, one, zero);
+    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
+                            : term;
+    maxCount = maxCount ? arith::AddFOp::create(b, maxCount, count) : count;
   }
+  // When the maximum grew, one of its copies is the new implicit 1 and the
+  // old implicit 1 joins the rescaled rest; both adjustments are exact.
+  Value moved = arith::SelectOp::create(b, grew, one, zero);
   Value carried = arith::MulFOp::create(
       b, arith::AddFOp::create(b, rest, moved), rescale);
+  Value extraOnes = arith::SubFOp::create(b, maxCount, moved);
   Value newRest = arith::AddFOp::create(
-      b, carried, arith::SubFOp::create(b, tileSum, moved));
+      b, carried, arith::AddFOp::create(b, smallTerms, extraOnes));
   return {newMax, newRest};
 }
 
