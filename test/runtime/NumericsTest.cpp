@@ -1,1 +1,817 @@
-int main() { return 0; }
+//===- NumericsTest.cpp - Generated kernels against a float64 reference ---===//
+//
+// Usage: runtime_numerics_test BUNDLE_DIR... (or CE_TEST_BUNDLES=dir:dir)
+//   CE_TEST_SEED=n      reuse the inputs of an earlier run (printed each run)
+//   CE_TEST_FILTER=str  only kernels whose variant key contains str
+//   CE_TEST_VERBOSE=1   one line per case
+//
+// Every kernel of every bundle runs through the C API on fresh random inputs
+// over a fixed list of shapes (V from 1 to 128256, N from 0 to a few dozen),
+// packed and as strided views, with special rows (-inf everywhere but one
+// entry, a target probability above 0.999, large offsets), ignored tokens and
+// an all-ignored batch, per-token and broadcast upstream gradients or
+// weights, and with out-of-range labels in memory that faults beyond the
+// tensors. Outputs are poisoned before each call; padding and inputs must
+// survive it. Tolerances (the numerics contract):
+//   loss, lse: |kernel - ref| <= 1e-5 max(1, |ref|)
+//   gradient:  one ulp of the logits dtype at ref (bf16, f16), or
+//              1e-5 of the row's largest |ref| (f32)
+// The backward reference uses the lse the forward kernel returned (the
+// backward takes lse as an input); fused gradients are compared with the
+// full float64 reference.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Reference.h"
+#include "TestData.h"
+
+#include "ce/runtime/VariantKey.h"
+#include "ce/runtime/ce_runtime.h"
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace ce;
+using namespace ce::test;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+//===----------------------------------------------------------------------===//
+// Cases
+//===----------------------------------------------------------------------===//
+
+/// One shape and one set of input features, applied to every kernel.
+struct CaseSpec {
+  const char *name;
+  int64_t flatTokens;  ///< N for [N, V] logits.
+  int64_t seq, batch;  ///< S, B for [S, B, V] logits.
+  int64_t vocab;       ///< V.
+  bool views;          ///< Strided, padded and transposed views everywhere.
+  bool specialRows;    ///< -inf rows, a confident row, a shifted row.
+  bool broadcast;      ///< Stride-0 upstream gradient / token weights.
+  bool allIgnored;     ///< Every label is the ignore_index.
+};
+
+const CaseSpec kCases[] = {
+    {"empty", 0, 0, 3, 7, false, false, false, false},
+    {"vocab1", 1, 1, 1, 1, false, false, false, false},
+    {"vocab2", 37, 5, 7, 2, false, false, false, false},
+    {"views-vocab7", 45, 5, 9, 7, true, true, true, false},
+    {"vocab4095", 24, 4, 6, 4095, false, true, false, false},
+    {"views-vocab32000", 3, 1, 3, 32000, true, true, true, false},
+    {"vocab50257", 2, 2, 1, 50257, false, true, false, false},
+    {"views-vocab128256", 2, 1, 2, 128256, true, false, false, false},
+    {"all-ignored", 16, 4, 4, 7, true, false, false, true},
+};
+
+//===----------------------------------------------------------------------===//
+// Failure reporting
+//===----------------------------------------------------------------------===//
+
+/// Counts checks and failures; prints the first few failures of each case.
+class Report {
+public:
+  void startCase(const std::string &key, const std::string &caseName) {
+    currentKey = key;
+    currentCase = caseName;
+    printedInCase = 0;
+  }
+  void check(bool ok, const std::function<std::string()> &describe) {
+    ++checks;
+    if (ok)
+      return;
+    ++failures;
+    ++failuresInKernel;
+    if (printedInCase++ < kMaxPrinted)
+      std::printf("    FAIL %s [%s]: %s\n", currentCase.c_str(),
+                  currentKey.c_str(), describe().c_str());
+    else if (printedInCase == kMaxPrinted + 1)
+      std::printf("    ... more failures in case %s not shown\n",
+                  currentCase.c_str());
+  }
+  int64_t takeKernelFailures() {
+    int64_t count = failuresInKernel;
+    failuresInKernel = 0;
+    return count;
+  }
+
+  int64_t checks = 0;
+  int64_t failures = 0;
+
+private:
+  static constexpr int kMaxPrinted = 6;
+  std::string currentKey, currentCase;
+  int printedInCase = 0;
+  int64_t failuresInKernel = 0;
+};
+
+std::string formatDouble(double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.9g", value);
+  return buffer;
+}
+
+//===----------------------------------------------------------------------===//
+// Problems: inputs, their tensors and the token <-> element mapping
+//===----------------------------------------------------------------------===//
+
+struct Problem {
+  KernelVariantKey key;
+  ReferenceOptions reference;
+  ce_options options;
+  int tokenRank = 1;
+  int64_t tokenSizes[2] = {0, 1};
+  int64_t numTokens = 0, vocab = 0;
+  int64_t seq = 0, batch = 0;
+  bool views = false;
+
+  std::vector<double> x;       ///< Logits values, [token][j].
+  std::vector<int64_t> labels; ///< Per token.
+  std::vector<double> scale;   ///< grad_loss (backward) or weight (fused).
+
+  TestTensor logits, labelTensor, gradLoss, weights;
+
+  bool flat() const { return key.layout == LabelLayout::Flat; }
+
+  /// Row-major index into the logits view of element j of token t.
+  int64_t logitsIndex(int64_t t, int64_t j) const {
+    if (flat())
+      return t * vocab + j;
+    int64_t i0 = t / tokenSizes[1], i1 = t % tokenSizes[1];
+    int64_t s = key.layout == LabelLayout::SbvBs ? i1 : i0;
+    int64_t b = key.layout == LabelLayout::SbvBs ? i0 : i1;
+    return (s * batch + b) * vocab + j;
+  }
+
+  std::string where(int64_t t) const {
+    if (flat())
+      return "token " + std::to_string(t) + " (n=" + std::to_string(t) + ")";
+    int64_t i0 = t / tokenSizes[1], i1 = t % tokenSizes[1];
+    return "token " + std::to_string(t) +
+           (key.layout == LabelLayout::SbvBs
+                ? " (b=" + std::to_string(i0) + ", s=" + std::to_string(i1)
+                : " (s=" + std::to_string(i0) + ", b=" + std::to_string(i1)) +
+           ")";
+  }
+
+  std::vector<int64_t> tokenShape() const {
+    return std::vector<int64_t>(tokenSizes, tokenSizes + tokenRank);
+  }
+  std::vector<int64_t> logitsShape() const {
+    return flat() ? std::vector<int64_t>{numTokens, vocab}
+                  : std::vector<int64_t>{seq, batch, vocab};
+  }
+
+  /// Strides of a token-shaped tensor: packed, or with gaps (`gap`), or
+  /// transposed (`gap` == 0) when the case asks for views.
+  std::vector<int64_t> tokenStrides(int gap) const {
+    std::vector<int64_t> shape = tokenShape();
+    if (!views)
+      return packedStrides(shape);
+    if (tokenRank == 1)
+      return {gap ? gap : 2};
+    if (gap == 0) // a transposed view of a [d1, d0] buffer
+      return {1, tokenSizes[0]};
+    return {tokenSizes[1] * gap, gap};
+  }
+
+  /// Strides of the logits: rows padded, and [S, B, V] transposed from a
+  /// [B, S, V + pad] buffer, when the case asks for views.
+  std::vector<int64_t> logitsStrides() const {
+    if (!views)
+      return packedStrides(logitsShape());
+    int64_t row = vocab + 3;
+    if (flat())
+      return {row, 1};
+    return {row, seq * row, 1};
+  }
+  /// Gradient strides: rows padded differently from the logits.
+  std::vector<int64_t> gradStrides() const {
+    if (!views)
+      return packedStrides(logitsShape());
+    int64_t row = vocab + 1;
+    if (flat())
+      return {row, 1};
+    return {batch * row, row, 1};
+  }
+};
+
+ce_options optionsFor(const KernelVariantKey &key) {
+  ce_options options;
+  ce_options_init(&options);
+  options.has_ignore_index = key.ignoreIndex.has_value();
+  options.ignore_index = key.ignoreIndex.value_or(-100);
+  options.label_smoothing = key.labelSmoothing;
+  options.z_loss = key.zLoss;
+  options.overwrite_input = key.overwrite;
+  options.label_layout =
+      key.layout == LabelLayout::SbvSb ? CE_LABELS_SB : CE_LABELS_BS;
+  return options;
+}
+
+/// Sets up the shape and options of `problem` for `key` and `spec`.
+void initProblem(Problem &problem, const KernelVariantKey &key,
+                 const CaseSpec &spec) {
+  problem.key = key;
+  problem.options = optionsFor(key);
+  problem.reference.ignoreIndex = key.ignoreIndex;
+  problem.reference.labelSmoothing = key.labelSmoothing;
+  problem.reference.zLoss = key.zLoss;
+  problem.vocab = spec.vocab;
+  problem.views = spec.views;
+  if (key.layout == LabelLayout::Flat) {
+    problem.tokenRank = 1;
+    problem.tokenSizes[0] = spec.flatTokens;
+    problem.numTokens = spec.flatTokens;
+  } else {
+    problem.seq = spec.seq;
+    problem.batch = spec.batch;
+    problem.tokenRank = 2;
+    bool bs = key.layout == LabelLayout::SbvBs;
+    problem.tokenSizes[0] = bs ? spec.batch : spec.seq;
+    problem.tokenSizes[1] = bs ? spec.seq : spec.batch;
+    problem.numTokens = spec.seq * spec.batch;
+  }
+}
+
+/// Random inputs per the case; writes the logits and labels tensors.
+void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
+                bool logitsAtStart = false) {
+  int64_t n = p.numTokens, v = p.vocab;
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::uniform_int_distribution<int64_t> anyLabel(0, std::max<int64_t>(v - 1, 0));
+  ElemType type = p.key.logits;
+
+  p.x.assign(n * v, 0.0);
+  p.labels.assign(n, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    double sigma = t % 3 == 0 ? 0.5 : t % 3 == 1 ? 2.0 : 4.0;
+    for (int64_t j = 0; j < v; ++j)
+      p.x[t * v + j] = roundTo(type, sigma * normal(rng));
+    p.labels[t] = anyLabel(rng);
+    if (p.key.ignoreIndex && (spec.allIgnored || uniform(rng) < 0.2))
+      p.labels[t] = *p.key.ignoreIndex;
+  }
+
+  // Special rows on the first tokens.
+  if (spec.specialRows && v >= 2) {
+    for (int64_t t = 0; t < std::min<int64_t>(n, 4); ++t) {
+      double *row = &p.x[t * v];
+      int64_t label = anyLabel(rng);
+      p.labels[t] = label;
+      if (t == 0 || t == 1) {
+        // -inf everywhere but one entry; for t == 1 the target is one of
+        // the -inf entries, so the loss is +inf.
+        int64_t keep = anyLabel(rng);
+        for (int64_t j = 0; j < v; ++j)
+          row[j] = j == keep ? roundTo(type, 2.0 * normal(rng)) : -kInf;
+        p.labels[t] = t == 0 ? keep : (keep + 1) % v;
+      } else if (t == 2) {
+        // A confident row: p(target) = 1999/2000 before rounding x_target.
+        double others = -kInf, max = -kInf;
+        for (int64_t j = 0; j < v; ++j)
+          if (j != label)
+            max = std::fmax(max, row[j]);
+        double sum = 0.0;
+        for (int64_t j = 0; j < v; ++j)
+          if (j != label)
+            sum += std::exp(row[j] - max);
+        others = max + std::log(sum);
+        row[label] = roundTo(type, others + std::log(1999.0));
+      } else {
+        // A large common offset: exp without the max subtraction overflows.
+        for (int64_t j = 0; j < v; ++j)
+          row[j] = roundTo(type, row[j] + 100.0);
+      }
+    }
+  }
+
+  p.logits = makeTensor(type, p.logitsShape(), p.logitsStrides(),
+                        logitsAtStart);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < v; ++j)
+      p.logits.set(p.logitsIndex(t, j), p.x[t * v + j]);
+  p.labelTensor = makeTensor(p.key.labels, p.tokenShape(), p.tokenStrides(0));
+  for (int64_t t = 0; t < n; ++t)
+    p.labelTensor.setInt(t, p.labels[t]);
+}
+
+/// The upstream per-token scale: grad_loss for a backward, weights for a
+/// fused kernel (scalar, per token, or broadcast).
+void fillScale(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng) {
+  std::uniform_real_distribution<double> uniform(-2.0, 2.0);
+  int64_t n = p.numTokens;
+  p.scale.assign(n, 0.0);
+  if (p.key.op == KernelOp::Forward)
+    return;
+  bool scalar = p.key.op == KernelOp::Fused &&
+                p.key.weights == WeightsKind::Scalar;
+  bool broadcast = scalar || spec.broadcast;
+  double common = static_cast<float>(uniform(rng));
+  for (int64_t t = 0; t < n; ++t)
+    p.scale[t] = broadcast ? common : static_cast<float>(uniform(rng));
+  std::vector<int64_t> strides = broadcast
+                                     ? std::vector<int64_t>(p.tokenRank, 0)
+                                     : p.tokenStrides(2);
+  TestTensor tensor;
+  if (scalar) {
+    tensor = makeTensor(ElemType::F32, {}, {});
+    tensor.set(0, common);
+  } else {
+    tensor = makeTensor(ElemType::F32, p.tokenShape(), strides);
+    for (int64_t t = 0; t < n; ++t)
+      tensor.set(t, p.scale[t]);
+  }
+  (p.key.op == KernelOp::Backward ? p.gradLoss : p.weights) = std::move(tensor);
+}
+
+//===----------------------------------------------------------------------===//
+// Bundles
+//===----------------------------------------------------------------------===//
+
+struct OpenBundle {
+  std::string directory;
+  ce_bundle *bundle = nullptr;
+  std::set<std::string> keys;
+};
+
+std::vector<OpenBundle> bundles;
+
+/// A bundle holding `key`, or null.
+ce_bundle *findBundle(const KernelVariantKey &key) {
+  std::string wanted = key.str();
+  for (const OpenBundle &open : bundles)
+    if (open.keys.count(wanted))
+      return open.bundle;
+  return nullptr;
+}
+
+/// The forward variant whose lse a backward of `key` consumes.
+KernelVariantKey forwardOf(const KernelVariantKey &key) {
+  KernelVariantKey forward = key;
+  forward.op = KernelOp::Forward;
+  forward.overwrite = false;
+  forward.weights = WeightsKind::None;
+  return forward;
+}
+
+//===----------------------------------------------------------------------===//
+// Checks
+//===----------------------------------------------------------------------===//
+
+/// loss or lse of one token against the reference.
+void checkTokenValue(Report &report, const Problem &p, const char *what,
+                     int64_t t, double kernel, double ref, bool exactZero) {
+  bool ok;
+  double tolerance = 1e-5 * std::fmax(1.0, std::fabs(ref));
+  if (exactZero)
+    ok = kernel == 0.0;
+  else if (!std::isfinite(ref))
+    ok = std::isnan(ref) ? std::isnan(kernel) : kernel == ref;
+  else
+    ok = std::fabs(kernel - ref) <= tolerance;
+  report.check(ok, [&] {
+    return std::string(what) + " of " + p.where(t) + " (label " +
+           std::to_string(p.labels[t]) + "): kernel " + formatDouble(kernel) +
+           ", reference " + formatDouble(ref) + ", tolerance " +
+           (exactZero ? std::string("exactly 0") : formatDouble(tolerance));
+  });
+}
+
+/// The gradient tolerance of element j: one ulp of the logits dtype at the
+/// reference (bf16, f16) or 1e-5 of the row's largest |gradient| (f32), plus
+/// 4 f32 ulps of the terms fp32 arithmetic cannot avoid rounding (see
+/// referenceGrad), which only matters where those terms cancel.
+double gradTolerance(ElemType type, double ref, double rowMax,
+                     double termScale) {
+  double base = type == ElemType::F32 ? 1e-5 * rowMax : ulpOf(type, ref);
+  return base + 4.0 * std::ldexp(termScale, -24);
+}
+
+/// One gradient row: kernel values read by `get(j)` against `ref`.
+void checkGradRow(Report &report, const Problem &p, int64_t t,
+                  const std::function<double(int64_t)> &get,
+                  const std::vector<double> &ref,
+                  const std::vector<double> &termScale, double lseUsed) {
+  ElemType type = p.key.logits;
+  double rowMax = 0.0;
+  for (double value : ref)
+    rowMax = std::fmax(rowMax, std::fabs(value));
+  int64_t worst = -1;
+  double worstExcess = 0.0;
+  int64_t bad = 0;
+  for (int64_t j = 0; j < p.vocab; ++j) {
+    double kernel = get(j);
+    double tolerance = gradTolerance(type, ref[j], rowMax, termScale[j]);
+    double error = std::fabs(kernel - ref[j]);
+    if (!(error <= tolerance)) {
+      ++bad;
+      double excess = std::isnan(error) ? kInf : error / std::fmax(tolerance, 1e-300);
+      if (worst < 0 || excess > worstExcess) {
+        worst = j;
+        worstExcess = excess;
+      }
+    }
+  }
+  report.check(bad == 0, [&] {
+    double kernel = get(worst);
+    double tolerance =
+        gradTolerance(type, ref[worst], rowMax, termScale[worst]);
+    return "grad of " + p.where(t) + " (label " + std::to_string(p.labels[t]) +
+           ", lse " + formatDouble(lseUsed) + "): " + std::to_string(bad) +
+           " of " + std::to_string(p.vocab) + " elements off; worst j=" +
+           std::to_string(worst) + (worst == p.labels[t] ? " (target)" : "") +
+           ": kernel " + formatDouble(kernel) + ", reference " +
+           formatDouble(ref[worst]) + ", tolerance " + formatDouble(tolerance) +
+           (type == ElemType::F32 ? " (1e-5 of row max" : " (1 ulp") +
+           " + f32 floor " + formatDouble(4.0 * std::ldexp(termScale[worst], -24)) +
+           ")";
+  });
+}
+
+/// Compares every gradient row written in `grad` (or the logits, when
+/// overwriting) with the reference computed from `lseUsed`.
+void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
+               const std::vector<double> &lseUsed) {
+  std::vector<double> ref(p.vocab), termScale(p.vocab);
+  for (int64_t t = 0; t < p.numTokens; ++t) {
+    referenceGrad(&p.x[t * p.vocab], p.vocab, p.labels[t], lseUsed[t],
+                  p.scale[t], p.reference, ref.data(), termScale.data());
+    checkGradRow(
+        report, p, t,
+        [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); }, ref,
+        termScale, lseUsed[t]);
+  }
+}
+
+void checkUnchanged(Report &report, const char *what, const TestTensor &tensor,
+                    const std::vector<unsigned char> &before) {
+  report.check(tensor.snapshot() == before,
+               [&] { return std::string(what) + " was modified by the call"; });
+}
+
+void checkPadding(Report &report, const char *what, const TestTensor &tensor) {
+  report.check(tensor.paddingIntact(kPaddingFill), [&] {
+    return std::string("bytes of the ") + what +
+           " buffer outside the view were written";
+  });
+}
+
+//===----------------------------------------------------------------------===//
+// Running one case
+//===----------------------------------------------------------------------===//
+
+ce_status runForward(ce_bundle *bundle, Problem &p, TestTensor &loss,
+                     TestTensor &lse) {
+  return ce_forward(bundle, &p.options, &p.logits.tensor,
+                    &p.labelTensor.tensor, &loss.tensor, &lse.tensor, nullptr);
+}
+
+void expectOk(Report &report, ce_status status, const char *function) {
+  report.check(status == CE_OK, [&] {
+    return std::string(function) + " returned " + ce_status_string(status) +
+           ": " + ce_last_error_message();
+  });
+}
+
+void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
+             const CaseSpec &spec, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Problem p;
+  initProblem(p, key, spec);
+  fillInputs(p, spec, rng);
+  fillScale(p, spec, rng);
+  int64_t n = p.numTokens, v = p.vocab;
+
+  // The float64 reference lse of every token.
+  std::vector<double> refLse(n);
+  for (int64_t t = 0; t < n; ++t)
+    refLse[t] = referenceLse(&p.x[t * v], v);
+
+  auto labelsBefore = p.labelTensor.snapshot();
+  auto logitsBefore = p.logits.snapshot();
+
+  TestTensor loss, lse, grad, lseInput;
+  std::vector<unsigned char> scaleBefore, lseInputBefore;
+  std::vector<double> lseUsed = refLse; // what the gradient is computed from
+  ce_status status = CE_OK;
+
+  switch (key.op) {
+  case KernelOp::Forward:
+    loss = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(3));
+    lse = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(2));
+    status = runForward(bundle, p, loss, lse);
+    expectOk(report, status, "ce_forward");
+    break;
+  case KernelOp::Backward: {
+    // lse comes from the forward kernel when the bundles have it, as in
+    // training; its rounding to f32 is part of the backward's input.
+    lseInput = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(0));
+    KernelVariantKey forwardKey = forwardOf(key);
+    if (ce_bundle *forwardBundle = findBundle(forwardKey)) {
+      TestTensor fLoss = makeTensor(ElemType::F32, p.tokenShape(),
+                                    packedStrides(p.tokenShape()));
+      TestTensor fLse = makeTensor(ElemType::F32, p.tokenShape(),
+                                   packedStrides(p.tokenShape()));
+      ce_status forwardStatus = runForward(forwardBundle, p, fLoss, fLse);
+      expectOk(report, forwardStatus, "ce_forward (lse for the backward)");
+      for (int64_t t = 0; t < n; ++t)
+        lseUsed[t] = fLse.get(t);
+    } else {
+      for (int64_t t = 0; t < n; ++t)
+        lseUsed[t] = static_cast<float>(refLse[t]);
+    }
+    for (int64_t t = 0; t < n; ++t)
+      lseInput.set(t, lseUsed[t]);
+    lseInputBefore = lseInput.snapshot();
+    scaleBefore = p.gradLoss.snapshot();
+    if (!key.overwrite)
+      grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
+    status = ce_backward(bundle, &p.options, &p.logits.tensor,
+                         &p.labelTensor.tensor, &lseInput.tensor,
+                         &p.gradLoss.tensor,
+                         key.overwrite ? nullptr : &grad.tensor, nullptr);
+    expectOk(report, status, "ce_backward");
+    break;
+  }
+  case KernelOp::Fused:
+    loss = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(3));
+    lse = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(2));
+    scaleBefore = p.weights.snapshot();
+    if (!key.overwrite)
+      grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
+    status = ce_fused(bundle, &p.options, &p.logits.tensor,
+                      &p.labelTensor.tensor, &p.weights.tensor, &loss.tensor,
+                      &lse.tensor, key.overwrite ? nullptr : &grad.tensor,
+                      nullptr);
+    expectOk(report, status, "ce_fused");
+    break;
+  }
+  if (status != CE_OK)
+    return;
+
+  // Inputs stay as they were; padding of every written buffer too.
+  checkUnchanged(report, "labels", p.labelTensor, labelsBefore);
+  if (key.op == KernelOp::Backward) {
+    checkUnchanged(report, "lse (input)", lseInput, lseInputBefore);
+    checkUnchanged(report, "grad_loss", p.gradLoss, scaleBefore);
+  }
+  if (key.op == KernelOp::Fused)
+    checkUnchanged(report, "weights", p.weights, scaleBefore);
+  if (key.overwrite)
+    checkPadding(report, "logits (overwritten)", p.logits);
+  else
+    checkUnchanged(report, "logits", p.logits, logitsBefore);
+
+  if (key.op != KernelOp::Backward) {
+    checkPadding(report, "loss", loss);
+    checkPadding(report, "lse", lse);
+    for (int64_t t = 0; t < n; ++t) {
+      double refLoss =
+          referenceLoss(&p.x[t * v], v, p.labels[t], refLse[t], p.reference);
+      checkTokenValue(report, p, "loss", t, loss.get(t), refLoss,
+                      isIgnored(p.labels[t], p.reference));
+      checkTokenValue(report, p, "lse", t, lse.get(t), refLse[t], false);
+    }
+  }
+  if (key.op != KernelOp::Forward) {
+    const TestTensor &written = key.overwrite ? p.logits : grad;
+    if (!key.overwrite)
+      checkPadding(report, "grad", grad);
+    checkGrad(report, p, written, lseUsed);
+  }
+}
+
+/// A batch with one bad label, in memory that faults past the logits (or
+/// before them, for a negative label): the kernel must report the token and
+/// write NaN for it, without touching memory outside the tensors.
+void runBadLabelCase(Report &report, ce_bundle *bundle,
+                     const KernelVariantKey &key, int64_t badToken,
+                     int64_t badLabel, bool logitsAtStart, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  CaseSpec spec = {"bad-label", 9, 3, 3, 7, false, false, false, false};
+  Problem p;
+  initProblem(p, key, spec);
+  fillInputs(p, spec, rng, logitsAtStart);
+  fillScale(p, spec, rng);
+  if (key.ignoreIndex)
+    for (int64_t &label : p.labels)
+      if (label == *key.ignoreIndex)
+        label = 0;
+  p.labels[badToken] = badLabel;
+  for (int64_t t = 0; t < p.numTokens; ++t)
+    p.labelTensor.setInt(t, p.labels[t]);
+
+  TestTensor loss = makeTensor(ElemType::F32, p.tokenShape(),
+                               packedStrides(p.tokenShape()));
+  TestTensor lse = makeTensor(ElemType::F32, p.tokenShape(),
+                              packedStrides(p.tokenShape()));
+  TestTensor grad = makeTensor(key.logits, p.logitsShape(),
+                               packedStrides(p.logitsShape()));
+  ce_tensor *gradArg = key.overwrite ? nullptr : &grad.tensor;
+  ce_status status = CE_OK;
+  switch (key.op) {
+  case KernelOp::Forward:
+    status = runForward(bundle, p, loss, lse);
+    break;
+  case KernelOp::Backward:
+    for (int64_t t = 0; t < p.numTokens; ++t)
+      lse.set(t, referenceLse(&p.x[t * p.vocab], p.vocab));
+    status = ce_backward(bundle, &p.options, &p.logits.tensor,
+                         &p.labelTensor.tensor, &lse.tensor,
+                         &p.gradLoss.tensor, gradArg, nullptr);
+    break;
+  case KernelOp::Fused:
+    status = ce_fused(bundle, &p.options, &p.logits.tensor,
+                      &p.labelTensor.tensor, &p.weights.tensor, &loss.tensor,
+                      &lse.tensor, gradArg, nullptr);
+    break;
+  }
+  std::string message = ce_last_error_message();
+  report.check(status == CE_ERROR_LABEL_OUT_OF_RANGE, [&] {
+    return "label " + std::to_string(badLabel) + " at " + p.where(badToken) +
+           ": expected CE_ERROR_LABEL_OUT_OF_RANGE, got " +
+           ce_status_string(status) + " " + message;
+  });
+  if (status != CE_ERROR_LABEL_OUT_OF_RANGE)
+    return;
+  std::string expected = p.where(badToken) + ": label " +
+                         std::to_string(badLabel) + " is not in [0, " +
+                         std::to_string(p.vocab) + ")";
+  report.check(message.find(expected) != std::string::npos, [&] {
+    return "message \"" + message + "\" lacks \"" + expected + "\"";
+  });
+  if (key.op != KernelOp::Backward)
+    report.check(std::isnan(loss.get(badToken)), [&] {
+      return "loss of the bad " + p.where(badToken) + " is " +
+             formatDouble(loss.get(badToken)) + ", not NaN";
+    });
+  if (key.op != KernelOp::Forward) {
+    const TestTensor &written = key.overwrite ? p.logits : grad;
+    bool allNaN = true;
+    for (int64_t j = 0; j < p.vocab; ++j)
+      allNaN &= std::isnan(written.get(p.logitsIndex(badToken, j)));
+    report.check(allNaN, [&] {
+      return "gradient row of the bad " + p.where(badToken) + " is not NaN";
+    });
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Driver
+//===----------------------------------------------------------------------===//
+
+uint64_t mix(uint64_t seed, const std::string &text) {
+  uint64_t hash = seed ^ 0x9e3779b97f4a7c15ull;
+  for (unsigned char c : text)
+    hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+const char *envOr(const char *name, const char *fallback) {
+  const char *value = std::getenv(name);
+  return value && *value ? value : fallback;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  std::vector<std::string> directories(argv + 1, argv + argc);
+  if (directories.empty()) {
+    std::stringstream list(envOr("CE_TEST_BUNDLES", ""));
+    for (std::string dir; std::getline(list, dir, ':');)
+      if (!dir.empty())
+        directories.push_back(dir);
+  }
+  if (directories.empty()) {
+    std::fprintf(stderr, "usage: %s BUNDLE_DIR... (or CE_TEST_BUNDLES)\n",
+                 argv[0]);
+    return 2;
+  }
+
+  uint64_t seed = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  if (const char *fixed = std::getenv("CE_TEST_SEED"))
+    seed = std::strtoull(fixed, nullptr, 0);
+  std::string filter = envOr("CE_TEST_FILTER", "");
+  bool verbose = std::string(envOr("CE_TEST_VERBOSE", "0")) != "0";
+  std::printf("runtime_numerics_test: seed %" PRIu64
+              " (rerun with CE_TEST_SEED=%" PRIu64 ")\n",
+              seed, seed);
+
+  for (const std::string &dir : directories) {
+    OpenBundle open;
+    open.directory = dir;
+    if (ce_bundle_open(dir.c_str(), &open.bundle) != CE_OK) {
+      std::printf("FAIL: %s\n", ce_last_error_message());
+      return 1;
+    }
+    for (int64_t i = 0; i < ce_bundle_num_kernels(open.bundle); ++i)
+      open.keys.insert(ce_bundle_kernel_key(open.bundle, i));
+    std::printf("bundle %s: %zu kernels\n", dir.c_str(), open.keys.size());
+    bundles.push_back(std::move(open));
+  }
+
+  Report report;
+  auto start = std::chrono::steady_clock::now();
+  int64_t kernels = 0, failedKernels = 0;
+  std::map<std::string, std::set<std::string>> coverage;
+  for (const OpenBundle &open : bundles) {
+    for (const std::string &keyText : open.keys) {
+      if (keyText.find(filter) == std::string::npos)
+        continue;
+      std::optional<KernelVariantKey> key = parseKernelVariantKey(keyText);
+      if (!key) {
+        std::printf("FAIL: unparsable variant key \"%s\"\n", keyText.c_str());
+        ++report.failures;
+        continue;
+      }
+      ++kernels;
+      auto kernelStart = std::chrono::steady_clock::now();
+      for (size_t f = 0, begin = 0; begin <= keyText.size(); ++f) {
+        size_t end = keyText.find(',', begin);
+        std::string field = keyText.substr(begin, end - begin);
+        size_t eq = field.find('=');
+        coverage[field.substr(0, eq)].insert(field.substr(eq + 1));
+        if (end == std::string::npos)
+          break;
+        begin = end + 1;
+      }
+
+      for (const CaseSpec &spec : kCases) {
+        if (spec.allIgnored && !key->ignoreIndex)
+          continue;
+        report.startCase(keyText, spec.name);
+        if (verbose)
+          std::printf("    case %s\n", spec.name);
+        runCase(report, open.bundle, *key, spec,
+                mix(seed, keyText + "/" + spec.name));
+      }
+      struct {
+        int64_t token, label;
+        bool atStart;
+      } badCases[] = {
+          {8, 7, false},  // just past the last row
+          {0, -1, true},  // just before the first row
+          {4, key->labels == ElemType::I64 ? int64_t(1) << 40 : 12345, false},
+          {5, key->ignoreIndex ? *key->ignoreIndex + 1 : 99, false},
+      };
+      for (auto &bad : badCases) {
+        std::string name = "bad-label-" + std::to_string(bad.label);
+        report.startCase(keyText, name);
+        runBadLabelCase(report, open.bundle, *key, bad.token, bad.label,
+                        bad.atStart, mix(seed, keyText + "/" + name));
+      }
+      int64_t failures = report.takeKernelFailures();
+      double seconds = std::chrono::duration<double>(
+                           std::chrono::steady_clock::now() - kernelStart)
+                           .count();
+      std::printf("[%s] %s (%.2f s)\n", failures ? "FAIL" : " ok ",
+                  keyText.c_str(), seconds);
+      if (failures)
+        ++failedKernels;
+      std::fflush(stdout);
+    }
+  }
+  for (OpenBundle &open : bundles)
+    ce_bundle_close(open.bundle);
+
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::printf("coverage:");
+  for (auto &[field, values] : coverage) {
+    std::printf(" %s={", field.c_str());
+    bool first = true;
+    for (const std::string &value : values) {
+      std::printf("%s%s", first ? "" : ",", value.c_str());
+      first = false;
+    }
+    std::printf("}");
+  }
+  std::printf("\n%" PRId64 " kernels, %" PRId64 " checks, %" PRId64
+              " failures in %" PRId64 " kernels, %.1f s (seed %" PRIu64 ")\n",
+              kernels, report.checks, report.failures, failedKernels, seconds,
+              seed);
+  if (kernels == 0) {
+    std::printf("FAIL: no kernels matched\n");
+    return 1;
+  }
+  return report.failures ? 1 : 0;
+}

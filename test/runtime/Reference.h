@@ -1,0 +1,57 @@
+//===- Reference.h - The float64 cross-entropy reference --------*- C++ -*-===//
+//
+// DESIGN.md section 1, in double precision, one token row at a time.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_TEST_RUNTIME_REFERENCE_H
+#define CE_TEST_RUNTIME_REFERENCE_H
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace ce::test {
+
+/// The options that change the numbers.
+struct ReferenceOptions {
+  std::optional<int64_t> ignoreIndex;
+  double labelSmoothing = 0.0; ///< alpha, as the f32 the kernel sees.
+  double zLoss = 0.0;
+};
+
+/// The effective smoothing s = alpha V / (V - 1); 0 when V == 1.
+double smoothingFactor(double alpha, int64_t vocab);
+
+/// log(sum_j exp(x_j)) of one row, computed stably.
+double referenceLse(const double *row, int64_t vocab);
+
+/// The loss of one token given its row's lse (0 for an ignored token).
+double referenceLoss(const double *row, int64_t vocab, int64_t label,
+                     double lse, const ReferenceOptions &options);
+
+/// The gradient row of one token: upstream `scale` times
+/// p_j (1 + 2 z lse) - (1 - s) [j == label] - s / V, p_j = exp(x_j - lse);
+/// all zeros for an ignored token. `lse` is what the kernel uses: its own
+/// (fused) or its input (backward).
+///
+/// If `termScale` is not null it receives, per element, the magnitude of the
+/// rounding errors fp32 arithmetic cannot avoid, in f32 ulps of 1: off the
+/// target |scale| (p_j c (2 + |lse| + |x_j - lse|) + s/V), p_j being
+/// exp of an fp32 difference with an fp32 lse; on the target |scale|
+/// (|p_y - 1| c + |c - 1| + s), since p_y - 1 and c - 1 = 2 z lse can be
+/// formed without cancellation (expm1, and 2 z lse directly). A few ulps of
+/// it are the error floor of an fp32 kernel; it matters only where the
+/// terms cancel (p_j c ~ s/V).
+void referenceGrad(const double *row, int64_t vocab, int64_t label,
+                   double lse, double scale, const ReferenceOptions &options,
+                   double *grad, double *termScale = nullptr);
+
+/// Whether `label` is the ignore_index.
+inline bool isIgnored(int64_t label, const ReferenceOptions &options) {
+  return options.ignoreIndex && label == *options.ignoreIndex;
+}
+
+} // namespace ce::test
+
+#endif // CE_TEST_RUNTIME_REFERENCE_H
