@@ -10,7 +10,9 @@
 #include "ce/runtime/MemoryRange.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ce {
@@ -93,16 +95,25 @@ struct NamedTensor {
   bool isOutput;
 };
 
+/// The integer stored in a C enum field. Callers may pass any int there, and
+/// loading a value outside the enumerators as the enum type is undefined
+/// behavior, so fields are read as their underlying integer before checks.
+template <typename Enum> int64_t rawEnum(const Enum &field) {
+  std::underlying_type_t<Enum> raw;
+  std::memcpy(&raw, &field, sizeof(raw));
+  return static_cast<int64_t>(raw);
+}
+
 Status invalid(const std::string &name, const std::string &message) {
   return Status::invalidArgument(name + ": " + message);
 }
 
 Status checkOptions(const ce_options &options) {
-  if (options.label_layout != CE_LABELS_BS &&
-      options.label_layout != CE_LABELS_SB)
+  int64_t layout = rawEnum(options.label_layout);
+  if (layout != CE_LABELS_BS && layout != CE_LABELS_SB)
     return invalid("options->label_layout",
                    "must be CE_LABELS_BS (0) or CE_LABELS_SB (1), got " +
-                       std::to_string(static_cast<int>(options.label_layout)));
+                       std::to_string(layout));
   float smoothing = options.label_smoothing;
   if (!(smoothing >= 0.0f && smoothing < 1.0f))
     return invalid("options->label_smoothing",
@@ -121,12 +132,13 @@ Status checkWellFormed(const NamedTensor &arg) {
     return invalid(arg.name, "ndim must be in [0, " +
                                  std::to_string(CE_MAX_RANK) + "], got " +
                                  std::to_string(tensor.ndim));
-  if (dtypeSize(tensor.dtype) == 0)
-    return invalid(arg.name, dtypeName(tensor.dtype));
-  if (tensor.device != CE_DEVICE_HOST && tensor.device != CE_DEVICE_CUDA &&
-      tensor.device != CE_DEVICE_HIP)
-    return invalid(arg.name, "invalid device type " +
-                                 std::to_string(static_cast<int>(tensor.device)));
+  int64_t dtype = rawEnum(tensor.dtype);
+  if (dtype < CE_DTYPE_BF16 || dtype > CE_DTYPE_I64)
+    return invalid(arg.name, "invalid dtype " + std::to_string(dtype));
+  int64_t device = rawEnum(tensor.device);
+  if (device != CE_DEVICE_HOST && device != CE_DEVICE_CUDA &&
+      device != CE_DEVICE_HIP)
+    return invalid(arg.name, "invalid device type " + std::to_string(device));
   for (int i = 0; i < tensor.ndim; ++i)
     if (tensor.sizes[i] < 0)
       return invalid(arg.name, "negative size in dimension " +
