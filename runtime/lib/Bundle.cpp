@@ -113,9 +113,9 @@ Status Bundle::open(const std::string &directory,
     ::dlerror();
     void *entry = ::dlsym(handle, kernel.symbol.c_str());
     if (!entry)
-      return Status::bundleError(
-          "symbol '" + kernel.symbol + "' of kernel \"" + kernel.key +
-          "\" not found in '" + joinPath(directory, kernel.object) + "'");
+      return Status::bundleError("symbol '" + kernel.symbol + "' of kernel \"" +
+                                 kernel.key + "\" not found in '" +
+                                 joinPath(directory, kernel.object) + "'");
     bundle->entries[i] = entry;
   }
   result = std::move(bundle);

@@ -41,16 +41,15 @@ template <typename Body> ce_status guarded(const char *function, Body body) {
   try {
     return finish(function, body());
   } catch (const std::bad_alloc &) {
-    return finish(function, ce::Status::error(CE_ERROR_BACKEND,
-                                              "out of host memory"));
-  } catch (const std::exception &error) {
     return finish(function,
-                  ce::Status::error(CE_ERROR_BACKEND,
-                                    std::string("internal error: ") +
-                                        error.what()));
-  } catch (...) {
+                  ce::Status::error(CE_ERROR_BACKEND, "out of host memory"));
+  } catch (const std::exception &error) {
     return finish(function, ce::Status::error(CE_ERROR_BACKEND,
-                                              "internal error"));
+                                              std::string("internal error: ") +
+                                                  error.what()));
+  } catch (...) {
+    return finish(function,
+                  ce::Status::error(CE_ERROR_BACKEND, "internal error"));
   }
 }
 
@@ -85,8 +84,7 @@ CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {
     if (!directory)
       return ce::Status::invalidArgument("directory is NULL");
     std::unique_ptr<ce::Bundle> opened;
-    if (ce::Status status = ce::Bundle::open(directory, opened);
-        !status.isOk())
+    if (ce::Status status = ce::Bundle::open(directory, opened); !status.isOk())
       return status;
     *bundle = new ce_bundle{std::move(opened)};
     return ce::Status::ok();
@@ -116,9 +114,9 @@ CE_EXPORT const char *ce_bundle_kernel_key(const ce_bundle *bundle,
 }
 
 CE_EXPORT ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
-                               const ce_tensor *logits,
-                               const ce_tensor *labels, const ce_tensor *loss,
-                               const ce_tensor *lse, void *stream) {
+                               const ce_tensor *logits, const ce_tensor *labels,
+                               const ce_tensor *loss, const ce_tensor *lse,
+                               void *stream) {
   (void)stream; // Host kernels run on the calling thread.
   ce::LaunchRequest request;
   request.op = ce::KernelOp::Forward;

@@ -21,8 +21,10 @@ Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex) {
     std::string name = device == CE_DEVICE_CUDA ? "CUDA" : "HIP";
     return Status::error(
         CE_ERROR_NO_DEVICE,
-        "no " + name + " device backend available on this machine: tensors "
-        "are on " + name + " device " + std::to_string(deviceIndex) +
+        "no " + name +
+            " device backend available on this machine: tensors "
+            "are on " +
+            name + " device " + std::to_string(deviceIndex) +
             ", but this runtime has only the host backend (CE_DEVICE_HOST); "
             "GPU backends are not implemented yet");
   }

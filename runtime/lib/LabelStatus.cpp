@@ -75,23 +75,24 @@ Status labelStatusError(int64_t status, const LaunchPlan &plan) {
   const ce_tensor &labels = plan.tensor(ArgRole::Labels);
   int64_t label = readLabel(labels, first, second);
   std::string range = "[0, " + std::to_string(plan.vocabSize) + ")";
-  std::string ignore =
-      plan.variant.ignoreIndex
-          ? "is not the ignore_index " + std::to_string(*plan.variant.ignoreIndex)
-          : "no ignore_index is set";
+  std::string ignore = plan.variant.ignoreIndex
+                           ? "is not the ignore_index " +
+                                 std::to_string(*plan.variant.ignoreIndex)
+                           : "no ignore_index is set";
   bool inRange = label >= 0 && label < plan.vocabSize;
   bool ignored = plan.variant.ignoreIndex && label == *plan.variant.ignoreIndex;
   if (inRange || ignored)
-    return Status::error(CE_ERROR_BACKEND,
-                         "the kernel reported token " + std::to_string(token) +
-                             " (" + where + ") as having a bad label, but its "
-                             "label " + std::to_string(label) +
-                             " is valid (in " + range + " or ignored)");
+    return Status::error(
+        CE_ERROR_BACKEND,
+        "the kernel reported token " + std::to_string(token) + " (" + where +
+            ") as having a bad label, but its "
+            "label " +
+            std::to_string(label) + " is valid (in " + range + " or ignored)");
   return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
                        "label out of range at token " + std::to_string(token) +
                            " (" + where + "): label " + std::to_string(label) +
-                           " is not in " + range + " and " + ignore +
-                           "; " + poisoned(plan.variant.op));
+                           " is not in " + range + " and " + ignore + "; " +
+                           poisoned(plan.variant.op));
 }
 
 } // namespace ce

@@ -21,17 +21,15 @@ namespace {
 
 /// The `--name=value` options that make ce-gen emit exactly `variant`.
 std::string ceGenOptions(const KernelVariantKey &variant) {
-  std::string options = std::string("--op=") + stringify(variant.op) +
-                        " --logits=" + stringify(variant.logits) +
-                        " --labels=" + stringify(variant.labels) +
-                        " --layout=" + stringify(variant.layout) +
-                        " --ignore-index=" +
-                        (variant.ignoreIndex
-                             ? std::to_string(*variant.ignoreIndex)
-                             : std::string("none")) +
-                        " --label-smoothing=" +
-                        formatF32(variant.labelSmoothing) +
-                        " --z-loss=" + formatF32(variant.zLoss);
+  std::string options =
+      std::string("--op=") + stringify(variant.op) +
+      " --logits=" + stringify(variant.logits) +
+      " --labels=" + stringify(variant.labels) +
+      " --layout=" + stringify(variant.layout) + " --ignore-index=" +
+      (variant.ignoreIndex ? std::to_string(*variant.ignoreIndex)
+                           : std::string("none")) +
+      " --label-smoothing=" + formatF32(variant.labelSmoothing) +
+      " --z-loss=" + formatF32(variant.zLoss);
   if (variant.op != KernelOp::Forward)
     options += std::string(" --overwrite=") + (variant.overwrite ? "1" : "0");
   if (variant.op == KernelOp::Fused)
@@ -67,8 +65,9 @@ Status variantNotFoundError(const Bundle &bundle, const char *target,
   std::string key = plan.variant.str();
   std::string message = "kernel variant not found in bundle '" +
                         bundle.directory() + "' for target " + target + ": \"" +
-                        key + "\"; generate it with `ce-gen --target=" +
-                        target + " -o DIR " + ceGenOptions(plan.variant) +
+                        key +
+                        "\"; generate it with `ce-gen --target=" + target +
+                        " -o DIR " + ceGenOptions(plan.variant) +
                         "` (or add these values to the option lists the "
                         "bundle was generated with)";
   std::vector<std::pair<int, const std::string *>> candidates;
@@ -79,8 +78,9 @@ Status variantNotFoundError(const Bundle &bundle, const char *target,
     return Status::error(CE_ERROR_VARIANT_NOT_FOUND,
                          message + " (the bundle has no " + target +
                              " kernels)");
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const auto &a, const auto &b) { return a.first < b.first; });
+  std::stable_sort(
+      candidates.begin(), candidates.end(),
+      [](const auto &a, const auto &b) { return a.first < b.first; });
   message += " (the bundle has " + std::to_string(candidates.size()) + " " +
              target + " kernels; nearest:";
   for (size_t i = 0; i < candidates.size() && i < 3; ++i)

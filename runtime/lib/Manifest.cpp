@@ -44,16 +44,16 @@ std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
             ArgRole::Status};
   case KernelOp::Backward:
     if (variant.overwrite)
-      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse,
-              ArgRole::GradLoss, ArgRole::Status};
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse,
-            ArgRole::GradLoss, ArgRole::Grad, ArgRole::Status};
+      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse, ArgRole::GradLoss,
+              ArgRole::Status};
+    return {ArgRole::Logits,   ArgRole::Labels, ArgRole::Lse,
+            ArgRole::GradLoss, ArgRole::Grad,   ArgRole::Status};
   case KernelOp::Fused:
     if (variant.overwrite)
       return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
-              ArgRole::Loss, ArgRole::Lse, ArgRole::Status};
+              ArgRole::Loss,   ArgRole::Lse,    ArgRole::Status};
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
-            ArgRole::Lse, ArgRole::Grad, ArgRole::Status};
+            ArgRole::Lse,    ArgRole::Grad,   ArgRole::Status};
   }
   return {};
 }
@@ -113,11 +113,10 @@ private:
     if (!member)
       return errorAt(object, "missing required key \"" + name + "\"");
     if (member->kind() != kind)
-      return errorAt(*member, "\"" + name + "\" must be " +
-                                  withArticle(json::Value::kindName(kind)) +
-                                  ", not " +
-                                  withArticle(json::Value::kindName(
-                                      member->kind())));
+      return errorAt(*member,
+                     "\"" + name + "\" must be " +
+                         withArticle(json::Value::kindName(kind)) + ", not " +
+                         withArticle(json::Value::kindName(member->kind())));
     return Status::ok();
   }
 
@@ -142,10 +141,9 @@ private:
       return status;
     std::optional<int64_t> value = member->getInteger();
     if (!value || *value < min || *value > max)
-      return errorAt(*member, "\"" + where + "." + key +
-                                  "\" must be an integer in [" +
-                                  std::to_string(min) + ", " +
-                                  std::to_string(max) + "]");
+      return errorAt(
+          *member, "\"" + where + "." + key + "\" must be an integer in [" +
+                       std::to_string(min) + ", " + std::to_string(max) + "]");
     out = *value;
     return Status::ok();
   }
@@ -178,8 +176,7 @@ Status ManifestReader::read(Manifest &manifest) {
   // The format and version come first: a newer version may have changed
   // everything else, so nothing else is looked at before they are accepted.
   std::string format;
-  if (Status status = requireString(root, "", "format", format);
-      !status.isOk())
+  if (Status status = requireString(root, "", "format", format); !status.isOk())
     return status;
   if (format != kBundleFormatName)
     return errorAt(*root.get("format"),
@@ -217,9 +214,9 @@ Status ManifestReader::read(Manifest &manifest) {
     return status;
   for (size_t i = 0; i < objects->getArray().size(); ++i) {
     ObjectInfo object;
-    if (Status status = readObject(objects->getArray()[i],
-                                   "objects[" + std::to_string(i) + "]",
-                                   object);
+    if (Status status =
+            readObject(objects->getArray()[i],
+                       "objects[" + std::to_string(i) + "]", object);
         !status.isOk())
       return status;
     for (const ObjectInfo &other : manifest.objects)
@@ -267,11 +264,10 @@ Status ManifestReader::readObject(const json::Value &value,
   // Code objects live inside the bundle: a manifest must not make the
   // runtime load an arbitrary file from elsewhere.
   const std::string &file = object.file;
-  bool escapes = file.empty() || file[0] == '/' || file == ".." ||
-                 file.rfind("../", 0) == 0 ||
-                 file.find("/../") != std::string::npos ||
-                 (file.size() >= 3 &&
-                  file.compare(file.size() - 3, 3, "/..") == 0);
+  bool escapes =
+      file.empty() || file[0] == '/' || file == ".." ||
+      file.rfind("../", 0) == 0 || file.find("/../") != std::string::npos ||
+      (file.size() >= 3 && file.compare(file.size() - 3, 3, "/..") == 0);
   if (escapes)
     return errorAt(*value.get("file"),
                    where + ".file \"" + file +
@@ -285,13 +281,11 @@ Status ManifestReader::readKernel(const json::Value &value,
                                   KernelInfo &kernel) const {
   if (!value.isObject())
     return errorAt(value, where + " must be an object");
-  for (auto [key, out] : {std::pair{"key", &kernel.key},
-                          std::pair{"target", &kernel.target},
-                          std::pair{"object", &kernel.object},
-                          std::pair{"symbol", &kernel.symbol},
-                          std::pair{"abi", &kernel.abi}})
-    if (Status status = requireString(value, where, key, *out);
-        !status.isOk())
+  for (auto [key, out] :
+       {std::pair{"key", &kernel.key}, std::pair{"target", &kernel.target},
+        std::pair{"object", &kernel.object},
+        std::pair{"symbol", &kernel.symbol}, std::pair{"abi", &kernel.abi}})
+    if (Status status = requireString(value, where, key, *out); !status.isOk())
       return status;
 
   std::optional<KernelVariantKey> variant = parseKernelVariantKey(kernel.key);
@@ -306,8 +300,8 @@ Status ManifestReader::readKernel(const json::Value &value,
     return errorAt(value, name + ": a forward kernel cannot overwrite");
   bool fused = kernel.variant.op == KernelOp::Fused;
   if (fused != (kernel.variant.weights != WeightsKind::None))
-    return errorAt(value, name + ": weights=" +
-                              stringify(kernel.variant.weights) +
+    return errorAt(value, name +
+                              ": weights=" + stringify(kernel.variant.weights) +
                               (fused ? " is not valid for a fused kernel "
                                        "(scalar or token)"
                                      : " is only valid for a fused kernel"));
@@ -316,18 +310,17 @@ Status ManifestReader::readKernel(const json::Value &value,
       manifest.objects.begin(), manifest.objects.end(),
       [&](const ObjectInfo &info) { return info.file == kernel.object; });
   if (object == manifest.objects.end())
-    return errorAt(*value.get("object"),
-                   name + ": object \"" + kernel.object +
-                       "\" is not listed in \"objects\"");
+    return errorAt(*value.get("object"), name + ": object \"" + kernel.object +
+                                             "\" is not listed in \"objects\"");
   if (object->target != kernel.target)
     return errorAt(*value.get("object"),
-                   name + ": object \"" + kernel.object + "\" is for target \"" +
-                       object->target + "\", the kernel for target \"" +
-                       kernel.target + "\"");
+                   name + ": object \"" + kernel.object +
+                       "\" is for target \"" + object->target +
+                       "\", the kernel for target \"" + kernel.target + "\"");
   if (kernel.target == "host") {
     if (kernel.abi != kMemrefDescriptorAbi)
-      return errorAt(*value.get("abi"), name + ": unknown abi \"" +
-                                            kernel.abi + "\" (expected \"" +
+      return errorAt(*value.get("abi"), name + ": unknown abi \"" + kernel.abi +
+                                            "\" (expected \"" +
                                             kMemrefDescriptorAbi + "\")");
     if (object->kind != "shared-object")
       return errorAt(*value.get("object"),
@@ -381,10 +374,9 @@ Status ManifestReader::readArgs(const json::Value &args,
     KernelArg want = expectedArg(kernel.variant, *role);
     if (rank != want.rank || dtypeName != stringify(want.dtype))
       return errorAt(value, name + ": argument \"" + roleName + "\" is " +
-                                dtypeName + " of rank " +
-                                std::to_string(rank) + ", expected " +
-                                stringify(want.dtype) + " of rank " +
-                                std::to_string(want.rank));
+                                dtypeName + " of rank " + std::to_string(rank) +
+                                ", expected " + stringify(want.dtype) +
+                                " of rank " + std::to_string(want.rank));
     kernel.args.push_back(want);
   }
   for (ArgRole role : expected)

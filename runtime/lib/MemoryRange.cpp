@@ -27,8 +27,7 @@ int64_t elementCount(const ce_tensor &tensor) {
   return count;
 }
 
-bool byteRange(const ce_tensor &tensor, int64_t elementSize,
-               ByteRange &range) {
+bool byteRange(const ce_tensor &tensor, int64_t elementSize, ByteRange &range) {
   range = ByteRange();
   if (elementCount(tensor) == 0)
     return true;

@@ -180,10 +180,9 @@ bool sameSizes(const ce_tensor &tensor, int rank, const int64_t *sizes) {
 
 /// The token shape in words, for messages ("[B, S] = [4, 3]").
 std::string describeTokenShape(const LaunchPlan &plan) {
-  const char *names = plan.variant.layout == LabelLayout::Flat ? "[N]"
-                      : plan.variant.layout == LabelLayout::SbvBs
-                          ? "[B, S]"
-                          : "[S, B]";
+  const char *names = plan.variant.layout == LabelLayout::Flat    ? "[N]"
+                      : plan.variant.layout == LabelLayout::SbvBs ? "[B, S]"
+                                                                  : "[S, B]";
   return std::string(names) + " = " +
          formatDims(plan.tokenSizes, plan.tokenRank);
 }
@@ -201,12 +200,12 @@ Status checkTokenShaped(const NamedTensor &arg, const LaunchPlan &plan) {
   int64_t swapped[2] = {plan.tokenSizes[1], plan.tokenSizes[0]};
   if (plan.tokenRank == 2 && swapped[0] != swapped[1] &&
       sameSizes(tensor, 2, swapped))
-    message += std::string("; for ") +
-               (plan.variant.layout == LabelLayout::SbvBs ? "[S, B]"
-                                                           : "[B, S]") +
-               " labels set options->label_layout to " +
-               (plan.variant.layout == LabelLayout::SbvBs ? "CE_LABELS_SB"
-                                                           : "CE_LABELS_BS");
+    message +=
+        std::string("; for ") +
+        (plan.variant.layout == LabelLayout::SbvBs ? "[S, B]" : "[B, S]") +
+        " labels set options->label_layout to " +
+        (plan.variant.layout == LabelLayout::SbvBs ? "CE_LABELS_SB"
+                                                   : "CE_LABELS_BS");
   return invalid(arg.name, message);
 }
 
@@ -229,15 +228,13 @@ Status checkOutputLayout(const NamedTensor &arg, const std::string &why) {
     if (tensor.strides[i] == 0 && tensor.sizes[i] > 1)
       return invalid(arg.name, "stride 0 in dimension " + std::to_string(i) +
                                    " (size " + std::to_string(tensor.sizes[i]) +
-                                   "): " + why +
-                                   " cannot be a broadcast view");
+                                   "): " + why + " cannot be a broadcast view");
   if (mayWriteTwice(tensor))
-    return invalid(arg.name, "strides " +
-                                 formatDims(tensor.strides, tensor.ndim) +
-                                 " make elements of sizes " +
-                                 formatDims(tensor.sizes, tensor.ndim) +
-                                 " overlap: " + why +
-                                 " must not overlap itself");
+    return invalid(arg.name,
+                   "strides " + formatDims(tensor.strides, tensor.ndim) +
+                       " make elements of sizes " +
+                       formatDims(tensor.sizes, tensor.ndim) +
+                       " overlap: " + why + " must not overlap itself");
   return Status::ok();
 }
 
@@ -279,9 +276,10 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     if (overwrite) {
       if (request.grad && !sameView(*request.grad, *request.logits))
         return invalid(
-            "grad", "with options->overwrite_input the gradient is written "
-                    "over the logits, so grad must be NULL or exactly the "
-                    "logits view (same data, dtype, sizes, strides and device)");
+            "grad",
+            "with options->overwrite_input the gradient is written "
+            "over the logits, so grad must be NULL or exactly the "
+            "logits view (same data, dtype, sizes, strides and device)");
     } else {
       if (!request.grad)
         return invalid("grad", "is NULL; pass a gradient tensor, or set "
@@ -297,9 +295,9 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   // Logits decide the layout, the token shape and the vocabulary.
   const NamedTensor &logitsArg = args[0];
   const ce_tensor &logits = *request.logits;
-  if (Status status = checkDtype(logitsArg,
-                                 {CE_DTYPE_BF16, CE_DTYPE_F16, CE_DTYPE_F32},
-                                 "bf16, f16 or f32");
+  if (Status status =
+          checkDtype(logitsArg, {CE_DTYPE_BF16, CE_DTYPE_F16, CE_DTYPE_F32},
+                     "bf16, f16 or f32");
       !status.isOk())
     return status;
   if (logits.ndim == 2) {
@@ -439,10 +437,9 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
                       otherRange);
       if (!outputRange.overlaps(otherRange))
         continue;
-      bool gradOnLogits = (arg.role == ArgRole::Grad &&
-                           other.role == ArgRole::Logits) ||
-                          (arg.role == ArgRole::Logits &&
-                           other.role == ArgRole::Grad);
+      bool gradOnLogits =
+          (arg.role == ArgRole::Grad && other.role == ArgRole::Logits) ||
+          (arg.role == ArgRole::Logits && other.role == ArgRole::Grad);
       if (gradOnLogits)
         return invalid("grad", "overlaps logits; to write the gradient over "
                                "the logits set options->overwrite_input and "

@@ -54,9 +54,9 @@ std::string replaceOnce(std::string text, const std::string &from,
 TEST(BundleOpen, OpensAValidBundle) {
   TempDir dir;
   ce_bundle *bundle = nullptr;
-  ASSERT_EQ(ce_bundle_open(writeBundle(dir, oneKernelManifest()).c_str(),
-                           &bundle),
-            CE_OK)
+  ASSERT_EQ(
+      ce_bundle_open(writeBundle(dir, oneKernelManifest()).c_str(), &bundle),
+      CE_OK)
       << ce_last_error_message();
   EXPECT_STREQ(ce_last_error_message(), "");
   EXPECT_EQ(ce_bundle_num_kernels(bundle), 1);
@@ -99,8 +99,8 @@ TEST(BundleOpen, MissingManifest) {
 TEST(BundleOpen, TruncatedJsonGivesFileAndOffset) {
   TempDir dir;
   std::string manifest = oneKernelManifest();
-  for (size_t length : {size_t(0), size_t(1), manifest.size() / 2,
-                        manifest.size() - 3}) {
+  for (size_t length :
+       {size_t(0), size_t(1), manifest.size() / 2, manifest.size() - 3}) {
     SCOPED_TRACE(length);
     std::string message =
         openFails(writeBundle(dir, manifest.substr(0, length)));
@@ -140,17 +140,17 @@ TEST(BundleOpen, NotAnObject) {
 
 TEST(BundleOpen, WrongFormat) {
   TempDir dir;
-  std::string message = openFails(writeBundle(
-      dir, replaceOnce(oneKernelManifest(), "\"cegen-bundle\"",
-                       "\"other-bundle\"")));
+  std::string message = openFails(
+      writeBundle(dir, replaceOnce(oneKernelManifest(), "\"cegen-bundle\"",
+                                   "\"other-bundle\"")));
   EXPECT_THAT(message, HasSubstr("\"other-bundle\""));
   EXPECT_THAT(message, HasSubstr("expected \"cegen-bundle\""));
 }
 
 TEST(BundleOpen, NewerVersionNamesBothVersions) {
   TempDir dir;
-  std::string manifest = replaceOnce(oneKernelManifest(), "\"version\": 1",
-                                     "\"version\": 2");
+  std::string manifest =
+      replaceOnce(oneKernelManifest(), "\"version\": 1", "\"version\": 2");
   // A newer version may change anything, so nothing else is read.
   manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v2\"");
   std::string message = openFails(writeBundle(dir, manifest));
@@ -162,9 +162,9 @@ TEST(BundleOpen, BadVersion) {
   TempDir dir;
   for (const char *version : {"0", "-1", "1.5", "\"1\"", "null"}) {
     SCOPED_TRACE(version);
-    std::string message = openFails(writeBundle(
-        dir, replaceOnce(oneKernelManifest(), "\"version\": 1",
-                         std::string("\"version\": ") + version)));
+    std::string message = openFails(
+        writeBundle(dir, replaceOnce(oneKernelManifest(), "\"version\": 1",
+                                     std::string("\"version\": ") + version)));
     EXPECT_THAT(message, HasSubstr("\"version\""));
   }
 }
@@ -179,8 +179,8 @@ TEST(BundleOpen, MissingRequiredKeys) {
     EXPECT_THAT(openFails(writeBundle(dir, renamed)),
                 HasSubstr(std::string("missing required key \"") + key));
   }
-  for (const char *key : {"file", "kind", "symbol", "abi", "args", "role",
-                          "rank", "dtype"}) {
+  for (const char *key :
+       {"file", "kind", "symbol", "abi", "args", "role", "rank", "dtype"}) {
     SCOPED_TRACE(key);
     std::string renamed = replaceOnce(manifest, std::string("\"") + key + "\"",
                                       std::string("\"x") + key + "\"");
@@ -208,10 +208,10 @@ TEST(BundleOpen, WrongTypes) {
                   dir, replaceOnce(oneKernelManifest(), "\"objects\": [",
                                    "\"objects\": {\"a\": 1}, \"o\": ["))),
               HasSubstr("\"objects\" must be an array, not an object"));
-  EXPECT_THAT(openFails(writeBundle(
-                  dir, replaceOnce(oneKernelManifest(), "\"rank\": 2",
-                                   "\"rank\": 9"))),
-              HasSubstr("must be an integer in [0, 3]"));
+  EXPECT_THAT(
+      openFails(writeBundle(
+          dir, replaceOnce(oneKernelManifest(), "\"rank\": 2", "\"rank\": 9"))),
+      HasSubstr("must be an integer in [0, 3]"));
 }
 
 TEST(BundleOpen, MissingObjectFile) {
@@ -224,8 +224,8 @@ TEST(BundleOpen, MissingObjectFile) {
 
 TEST(BundleOpen, ObjectOutsideTheBundle) {
   TempDir dir;
-  for (const char *file : {"../host-x86_64.so", "/lib/libc.so.6", "a/../../b",
-                           ""}) {
+  for (const char *file :
+       {"../host-x86_64.so", "/lib/libc.so.6", "a/../../b", ""}) {
     SCOPED_TRACE(file);
     std::string manifest = oneKernelManifest();
     manifest = replaceOnce(manifest, "\"file\": \"host-x86_64.so\"",
@@ -245,9 +245,9 @@ TEST(BundleOpen, ObjectThatIsNotASharedObject) {
 TEST(BundleOpen, MissingSymbol) {
   TempDir dir;
   std::string message = openFails(writeBundle(
-      dir, manifestJson({{forwardKey(), "fake_forward_flat", {}},
-                         {forwardKey(LabelLayout::SbvBs), "no_such_kernel",
-                          {}}})));
+      dir,
+      manifestJson({{forwardKey(), "fake_forward_flat", {}},
+                    {forwardKey(LabelLayout::SbvBs), "no_such_kernel", {}}})));
   EXPECT_THAT(message, HasSubstr("symbol 'no_such_kernel'"));
   EXPECT_THAT(message, HasSubstr(forwardKey(LabelLayout::SbvBs).str()));
   EXPECT_THAT(message, HasSubstr("host-x86_64.so"));
@@ -255,9 +255,9 @@ TEST(BundleOpen, MissingSymbol) {
 
 TEST(BundleOpen, KernelObjectNotListed) {
   TempDir dir;
-  std::string manifest = replaceOnce(oneKernelManifest(),
-                                     "\"object\": \"host-x86_64.so\"",
-                                     "\"object\": \"other.so\"");
+  std::string manifest =
+      replaceOnce(oneKernelManifest(), "\"object\": \"host-x86_64.so\"",
+                  "\"object\": \"other.so\"");
   EXPECT_THAT(openFails(writeBundle(dir, manifest)),
               HasSubstr("\"other.so\" is not listed"));
 }
@@ -279,10 +279,11 @@ TEST(BundleOpen, InvalidVariantKey) {
 
 TEST(BundleOpen, DuplicateKernel) {
   TempDir dir;
-  EXPECT_THAT(openFails(writeBundle(
-                  dir, manifestJson({{forwardKey(), "fake_forward_flat", {}},
-                                     {forwardKey(), "fake_forward_flat", {}}}))),
-              HasSubstr("listed twice"));
+  EXPECT_THAT(
+      openFails(writeBundle(
+          dir, manifestJson({{forwardKey(), "fake_forward_flat", {}},
+                             {forwardKey(), "fake_forward_flat", {}}}))),
+      HasSubstr("listed twice"));
 }
 
 TEST(BundleOpen, ArgsMustFitTheVariant) {
@@ -292,28 +293,44 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
     Args args;
     const char *message;
   } cases[] = {
-      {{{"logits", 2, "f32"}, {"labels", 1, "i64"}, {"loss", 1, "f32"},
+      {{{"logits", 2, "f32"},
+        {"labels", 1, "i64"},
+        {"loss", 1, "f32"},
         {"status", 1, "i64"}},
        "missing argument role \"lse\""},
-      {{{"logits", 3, "f32"}, {"labels", 1, "i64"}, {"loss", 1, "f32"},
-        {"lse", 1, "f32"}, {"status", 1, "i64"}},
+      {{{"logits", 3, "f32"},
+        {"labels", 1, "i64"},
+        {"loss", 1, "f32"},
+        {"lse", 1, "f32"},
+        {"status", 1, "i64"}},
        "\"logits\" is f32 of rank 3, expected f32 of rank 2"},
-      {{{"logits", 2, "bf16"}, {"labels", 1, "i64"}, {"loss", 1, "f32"},
-        {"lse", 1, "f32"}, {"status", 1, "i64"}},
+      {{{"logits", 2, "bf16"},
+        {"labels", 1, "i64"},
+        {"loss", 1, "f32"},
+        {"lse", 1, "f32"},
+        {"status", 1, "i64"}},
        "expected f32 of rank 2"},
-      {{{"logits", 2, "f32"}, {"labels", 1, "i64"}, {"loss", 1, "f32"},
-        {"lse", 1, "f32"}, {"grad", 2, "f32"}, {"status", 1, "i64"}},
+      {{{"logits", 2, "f32"},
+        {"labels", 1, "i64"},
+        {"loss", 1, "f32"},
+        {"lse", 1, "f32"},
+        {"grad", 2, "f32"},
+        {"status", 1, "i64"}},
        "unexpected argument role \"grad\""},
-      {{{"logits", 2, "f32"}, {"labels", 1, "i64"}, {"loss", 1, "f32"},
-        {"loss", 1, "f32"}, {"lse", 1, "f32"}, {"status", 1, "i64"}},
+      {{{"logits", 2, "f32"},
+        {"labels", 1, "i64"},
+        {"loss", 1, "f32"},
+        {"loss", 1, "f32"},
+        {"lse", 1, "f32"},
+        {"status", 1, "i64"}},
        "role \"loss\" twice"},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.message);
-    EXPECT_THAT(openFails(writeBundle(
-                    dir, manifestJson({{forwardKey(), "fake_forward_flat",
-                                        c.args}}))),
-                HasSubstr(c.message));
+    EXPECT_THAT(
+        openFails(writeBundle(
+            dir, manifestJson({{forwardKey(), "fake_forward_flat", c.args}}))),
+        HasSubstr(c.message));
   }
 }
 
@@ -327,10 +344,9 @@ TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
                  "symbol": "k", "abi": "hip-kernel-args", "args": ARGS}]})";
   std::string args = "[";
   for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
-    args += (args.size() > 1 ? ", " : "") + ("{\"role\": \"" + role +
-                                             "\", \"rank\": " +
-                                             std::to_string(rank) +
-                                             ", \"dtype\": \"" + dtype + "\"}");
+    args += (args.size() > 1 ? ", " : "") +
+            ("{\"role\": \"" + role + "\", \"rank\": " + std::to_string(rank) +
+             ", \"dtype\": \"" + dtype + "\"}");
   args += "]";
   manifest = replaceOnce(manifest, "KEY", forwardKey().str());
   manifest = replaceOnce(manifest, "ARGS", args);

@@ -49,7 +49,8 @@ std::vector<KernelSpec> allFakeKernels() {
       {ignoring, "fake_forward_flat", {}},
       {forwardKey(LabelLayout::SbvBs), "fake_forward_bs", {}},
       {forwardKey(LabelLayout::SbvSb), "fake_forward_sb", {}},
-      {makeKey(KernelOp::Backward, LabelLayout::Flat), "fake_backward_flat",
+      {makeKey(KernelOp::Backward, LabelLayout::Flat),
+       "fake_backward_flat",
        {}},
       {makeKey(KernelOp::Backward, LabelLayout::SbvBs), "fake_backward_bs", {}},
       {makeKey(KernelOp::Backward, LabelLayout::Flat, WeightsKind::None, true),
@@ -101,8 +102,8 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   FakeBundle bundle(allFakeKernels());
   FlatProblem p;
   ce_options options = defaultOptions();
-  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
   EXPECT_STREQ(ce_last_error_message(), "");
@@ -145,8 +146,8 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
 TEST(Launch, NullOptionsMeanDefaults) {
   FakeBundle bundle(allFakeKernels());
   FlatProblem p;
-  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
 }
@@ -160,8 +161,8 @@ TEST(Launch, ArgumentOrderFollowsTheManifest) {
       {"logits", 2, "f32"}};
   FakeBundle bundle({{forwardKey(), "fake_forward_flat_reversed", reversed}});
   FlatProblem p;
-  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
   for (int64_t i = 0; i < p.n; ++i) {
@@ -234,8 +235,7 @@ TEST(Launch, ForwardSbvWithBsLabels) {
   for (int64_t bi = 0; bi < p.b; ++bi)
     for (int64_t si = 0; si < p.s; ++si) {
       EXPECT_EQ(loss[bi * p.s + si], 1.5f);
-      EXPECT_EQ(lse[bi * p.s + si],
-                2.5f + p.x(si, bi, labels[si * p.b + bi]));
+      EXPECT_EQ(lse[bi * p.s + si], 2.5f + p.x(si, bi, labels[si * p.b + bi]));
     }
 }
 
@@ -268,8 +268,8 @@ TEST(Launch, BackwardWithBroadcastGradLoss) {
     p.lse[i] = 10.0f * i;
   float upstream = 4.0f;
   ce_tensor tGradLoss = view(&upstream, CE_DTYPE_F32, {p.n}, {0});
-  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
@@ -344,8 +344,8 @@ TEST(Launch, ForwardIgnoresOverwriteInput) {
   FlatProblem p;
   ce_options options = defaultOptions();
   options.overwrite_input = 1;
-  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
 }
@@ -356,8 +356,8 @@ TEST(Launch, FusedScalarAndTokenWeights) {
     FlatProblem p;
     float weight = 0.25f;
     ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
-    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &tWeight, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
               CE_OK)
         << ce_last_error_message();
     const FakeRecord &r = bundle.record();
@@ -376,8 +376,8 @@ TEST(Launch, FusedScalarAndTokenWeights) {
     for (int64_t i = 0; i < p.n; ++i)
       weights[2 * i] = static_cast<float>(i) + 0.5f;
     ce_tensor tWeights = view(weights.data(), CE_DTYPE_F32, {p.n}, {2});
-    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &tWeights, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+    ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &tWeights,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
               CE_OK)
         << ce_last_error_message();
     EXPECT_EQ(bundle.record().ranks[2], 1);
@@ -431,8 +431,8 @@ TEST(Launch, VocabularyOfOneAcceptsAnyVocabStride) {
   FlatProblem p(4, 1);
   std::vector<int64_t> zeros(3 * p.n, 0);
   ce_tensor tLabels = view(zeros.data(), CE_DTYPE_I64, {p.n}, {3});
-  ce_tensor tLogits = view(p.logits.data(), CE_DTYPE_F32, {p.n, 1},
-                           {p.rowStride, 0});
+  ce_tensor tLogits =
+      view(p.logits.data(), CE_DTYPE_F32, {p.n, 1}, {p.rowStride, 0});
   ASSERT_EQ(ce_forward(bundle.get(), nullptr, &tLogits, &tLabels, &p.tLoss,
                        &p.tLse, nullptr),
             CE_OK)
@@ -451,9 +451,9 @@ TEST(Launch, EmptyBatchLaunchesNothing) {
   ce_tensor gradLoss = view(&dummy, CE_DTYPE_F32, {0}, {0});
   ce_tensor grad = view(nullptr, CE_DTYPE_F32, {0, 7}, {7, 1});
   ce_tensor weight = view(&dummy, CE_DTYPE_F32, {}, {});
-  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &logits, &labels, &loss, &lse,
-                       nullptr),
-            CE_OK)
+  EXPECT_EQ(
+      ce_forward(bundle.get(), nullptr, &logits, &labels, &loss, &lse, nullptr),
+      CE_OK)
       << ce_last_error_message();
   EXPECT_EQ(ce_backward(bundle.get(), nullptr, &logits, &labels, &lse,
                         &gradLoss, &grad, nullptr),
@@ -465,9 +465,8 @@ TEST(Launch, EmptyBatchLaunchesNothing) {
       << ce_last_error_message();
   // [S, B, V] with S == 0 or B == 0; and V == 0 with no tokens.
   ce_options options = defaultOptions();
-  for (auto [s, b, v] : {std::tuple<int64_t, int64_t, int64_t>{0, 4, 5},
-                         {3, 0, 5},
-                         {0, 0, 0}}) {
+  for (auto [s, b, v] :
+       {std::tuple<int64_t, int64_t, int64_t>{0, 4, 5}, {3, 0, 5}, {0, 0, 0}}) {
     SCOPED_TRACE(::testing::Message() << s << "," << b << "," << v);
     ce_tensor sbv = view(nullptr, CE_DTYPE_F32, {s, b, v}, {b * v, v, 1});
     ce_tensor tokens = view(&label, CE_DTYPE_I64, {b, s}, {s, 1});
@@ -552,8 +551,8 @@ TEST(Launch, LabelOutOfRangeNamesTheIgnoreIndex) {
   ce_options options = defaultOptions();
   options.has_ignore_index = 1;
   options.ignore_index = -100;
-  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_ERROR_LABEL_OUT_OF_RANGE);
   EXPECT_THAT(ce_last_error_message(),
               HasSubstr("is not the ignore_index -100"));
@@ -601,8 +600,8 @@ TEST(Launch, LabelOutOfRangeInBackwardAndFused) {
   p.labels[3 * 2] = 99;
   std::vector<float> gradLoss(p.n, 1.0f);
   ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
-  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
             CE_ERROR_LABEL_OUT_OF_RANGE);
   EXPECT_THAT(ce_last_error_message(), HasSubstr("ce_backward: "));
   EXPECT_THAT(ce_last_error_message(), HasSubstr("gradient row is NaN"));
@@ -638,8 +637,8 @@ TEST(Launch, InconsistentStatusIsABackendError) {
 
 TEST(Launch, GpuDevicesHaveNoBackendYet) {
   FakeBundle bundle(allFakeKernels());
-  for (auto [device, name] : {std::pair{CE_DEVICE_CUDA, "CUDA"},
-                              std::pair{CE_DEVICE_HIP, "HIP"}}) {
+  for (auto [device, name] :
+       {std::pair{CE_DEVICE_CUDA, "CUDA"}, std::pair{CE_DEVICE_HIP, "HIP"}}) {
     SCOPED_TRACE(name);
     FlatProblem p;
     for (ce_tensor *t : {&p.tLogits, &p.tLabels, &p.tLoss, &p.tLse}) {
@@ -674,8 +673,8 @@ TEST(Launch, ErrorMessagesAreClearedAndThreadLocal) {
   }).join();
   EXPECT_EQ(other, "");
   EXPECT_STREQ(ce_last_error_message(), "ce_forward: bundle is NULL");
-  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  EXPECT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK);
   EXPECT_STREQ(ce_last_error_message(), "");
 }
@@ -713,13 +712,13 @@ TEST(Launch, ReopeningABundleDoesNotReuseStaleKernels) {
   FlatProblem p;
   {
     FakeBundle first({{forwardKey(), "fake_forward_flat_bad_status", {}}});
-    EXPECT_EQ(ce_forward(first.get(), nullptr, &p.tLogits, &p.tLabels,
-                         &p.tLoss, &p.tLse, nullptr),
+    EXPECT_EQ(ce_forward(first.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                         &p.tLse, nullptr),
               CE_ERROR_BACKEND);
   }
   FakeBundle second({{forwardKey(), "fake_forward_flat", {}}});
-  EXPECT_EQ(ce_forward(second.get(), nullptr, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  EXPECT_EQ(ce_forward(second.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
 }

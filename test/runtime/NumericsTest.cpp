@@ -57,13 +57,13 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 /// One shape and one set of input features, applied to every kernel.
 struct CaseSpec {
   const char *name;
-  int64_t flatTokens;  ///< N for [N, V] logits.
-  int64_t seq, batch;  ///< S, B for [S, B, V] logits.
-  int64_t vocab;       ///< V.
-  bool views;          ///< Strided, padded and transposed views everywhere.
-  bool specialRows;    ///< -inf rows, a confident row, a shifted row.
-  bool broadcast;      ///< Stride-0 upstream gradient / token weights.
-  bool allIgnored;     ///< Every label is the ignore_index.
+  int64_t flatTokens; ///< N for [N, V] logits.
+  int64_t seq, batch; ///< S, B for [S, B, V] logits.
+  int64_t vocab;      ///< V.
+  bool views;         ///< Strided, padded and transposed views everywhere.
+  bool specialRows;   ///< -inf rows, a confident row, a shifted row.
+  bool broadcast;     ///< Stride-0 upstream gradient / token weights.
+  bool allIgnored;    ///< Every label is the ignore_index.
 };
 
 const CaseSpec kCases[] = {
@@ -254,7 +254,8 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
   int64_t n = p.numTokens, v = p.vocab;
   std::normal_distribution<double> normal(0.0, 1.0);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  std::uniform_int_distribution<int64_t> anyLabel(0, std::max<int64_t>(v - 1, 0));
+  std::uniform_int_distribution<int64_t> anyLabel(0,
+                                                  std::max<int64_t>(v - 1, 0));
   ElemType type = p.key.logits;
 
   p.x.assign(n * v, 0.0);
@@ -301,8 +302,8 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
     }
   }
 
-  p.logits = makeTensor(type, p.logitsShape(), p.logitsStrides(),
-                        logitsAtStart);
+  p.logits =
+      makeTensor(type, p.logitsShape(), p.logitsStrides(), logitsAtStart);
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < v; ++j)
       p.logits.set(p.logitsIndex(t, j), p.x[t * v + j]);
@@ -319,15 +320,14 @@ void fillScale(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng) {
   p.scale.assign(n, 0.0);
   if (p.key.op == KernelOp::Forward)
     return;
-  bool scalar = p.key.op == KernelOp::Fused &&
-                p.key.weights == WeightsKind::Scalar;
+  bool scalar =
+      p.key.op == KernelOp::Fused && p.key.weights == WeightsKind::Scalar;
   bool broadcast = scalar || spec.broadcast;
   double common = static_cast<float>(uniform(rng));
   for (int64_t t = 0; t < n; ++t)
     p.scale[t] = broadcast ? common : static_cast<float>(uniform(rng));
-  std::vector<int64_t> strides = broadcast
-                                     ? std::vector<int64_t>(p.tokenRank, 0)
-                                     : p.tokenStrides(2);
+  std::vector<int64_t> strides =
+      broadcast ? std::vector<int64_t>(p.tokenRank, 0) : p.tokenStrides(2);
   TestTensor tensor;
   if (scalar) {
     tensor = makeTensor(ElemType::F32, {}, {});
@@ -421,7 +421,8 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
     double error = std::fabs(kernel - ref[j]);
     if (!(error <= tolerance)) {
       ++bad;
-      double excess = std::isnan(error) ? kInf : error / std::fmax(tolerance, 1e-300);
+      double excess =
+          std::isnan(error) ? kInf : error / std::fmax(tolerance, 1e-300);
       if (worst < 0 || excess > worstExcess) {
         worst = j;
         worstExcess = excess;
@@ -434,13 +435,14 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
         gradTolerance(type, ref[worst], rowMax, termScale[worst]);
     return "grad of " + p.where(t) + " (label " + std::to_string(p.labels[t]) +
            ", lse " + formatDouble(lseUsed) + "): " + std::to_string(bad) +
-           " of " + std::to_string(p.vocab) + " elements off; worst j=" +
-           std::to_string(worst) + (worst == p.labels[t] ? " (target)" : "") +
-           ": kernel " + formatDouble(kernel) + ", reference " +
-           formatDouble(ref[worst]) + ", tolerance " + formatDouble(tolerance) +
+           " of " + std::to_string(p.vocab) +
+           " elements off; worst j=" + std::to_string(worst) +
+           (worst == p.labels[t] ? " (target)" : "") + ": kernel " +
+           formatDouble(kernel) + ", reference " + formatDouble(ref[worst]) +
+           ", tolerance " + formatDouble(tolerance) +
            (type == ElemType::F32 ? " (1e-5 of row max" : " (1 ulp") +
-           " + f32 floor " + formatDouble(4.0 * std::ldexp(termScale[worst], -24)) +
-           ")";
+           " + f32 floor " +
+           formatDouble(4.0 * std::ldexp(termScale[worst], -24)) + ")";
   });
 }
 
@@ -453,9 +455,8 @@ void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
     referenceGrad(&p.x[t * p.vocab], p.vocab, p.labels[t], lseUsed[t],
                   p.scale[t], p.reference, ref.data(), termScale.data());
     checkGradRow(
-        report, p, t,
-        [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); }, ref,
-        termScale, lseUsed[t]);
+        report, p, t, [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); },
+        ref, termScale, lseUsed[t]);
   }
 }
 
@@ -478,8 +479,8 @@ void checkPadding(Report &report, const char *what, const TestTensor &tensor) {
 
 ce_status runForward(ce_bundle *bundle, Problem &p, TestTensor &loss,
                      TestTensor &lse) {
-  return ce_forward(bundle, &p.options, &p.logits.tensor,
-                    &p.labelTensor.tensor, &loss.tensor, &lse.tensor, nullptr);
+  return ce_forward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+                    &loss.tensor, &lse.tensor, nullptr);
 }
 
 void expectOk(Report &report, ce_status status, const char *function) {
@@ -542,10 +543,10 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     scaleBefore = p.gradLoss.snapshot();
     if (!key.overwrite)
       grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
-    status = ce_backward(bundle, &p.options, &p.logits.tensor,
-                         &p.labelTensor.tensor, &lseInput.tensor,
-                         &p.gradLoss.tensor,
-                         key.overwrite ? nullptr : &grad.tensor, nullptr);
+    status =
+        ce_backward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+                    &lseInput.tensor, &p.gradLoss.tensor,
+                    key.overwrite ? nullptr : &grad.tensor, nullptr);
     expectOk(report, status, "ce_backward");
     break;
   }
@@ -555,10 +556,10 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     scaleBefore = p.weights.snapshot();
     if (!key.overwrite)
       grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
-    status = ce_fused(bundle, &p.options, &p.logits.tensor,
-                      &p.labelTensor.tensor, &p.weights.tensor, &loss.tensor,
-                      &lse.tensor, key.overwrite ? nullptr : &grad.tensor,
-                      nullptr);
+    status =
+        ce_fused(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+                 &p.weights.tensor, &loss.tensor, &lse.tensor,
+                 key.overwrite ? nullptr : &grad.tensor, nullptr);
     expectOk(report, status, "ce_fused");
     break;
   }
@@ -617,12 +618,12 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
   for (int64_t t = 0; t < p.numTokens; ++t)
     p.labelTensor.setInt(t, p.labels[t]);
 
-  TestTensor loss = makeTensor(ElemType::F32, p.tokenShape(),
-                               packedStrides(p.tokenShape()));
-  TestTensor lse = makeTensor(ElemType::F32, p.tokenShape(),
-                              packedStrides(p.tokenShape()));
-  TestTensor grad = makeTensor(key.logits, p.logitsShape(),
-                               packedStrides(p.logitsShape()));
+  TestTensor loss =
+      makeTensor(ElemType::F32, p.tokenShape(), packedStrides(p.tokenShape()));
+  TestTensor lse =
+      makeTensor(ElemType::F32, p.tokenShape(), packedStrides(p.tokenShape()));
+  TestTensor grad =
+      makeTensor(key.logits, p.logitsShape(), packedStrides(p.logitsShape()));
   ce_tensor *gradArg = key.overwrite ? nullptr : &grad.tensor;
   ce_status status = CE_OK;
   switch (key.op) {
@@ -632,9 +633,9 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
   case KernelOp::Backward:
     for (int64_t t = 0; t < p.numTokens; ++t)
       lse.set(t, referenceLse(&p.x[t * p.vocab], p.vocab));
-    status = ce_backward(bundle, &p.options, &p.logits.tensor,
-                         &p.labelTensor.tensor, &lse.tensor,
-                         &p.gradLoss.tensor, gradArg, nullptr);
+    status =
+        ce_backward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+                    &lse.tensor, &p.gradLoss.tensor, gradArg, nullptr);
     break;
   case KernelOp::Fused:
     status = ce_fused(bundle, &p.options, &p.logits.tensor,
@@ -744,7 +745,7 @@ int main(int argc, char **argv) {
       }
       ++kernels;
       auto kernelStart = std::chrono::steady_clock::now();
-      for (size_t f = 0, begin = 0; begin <= keyText.size(); ++f) {
+      for (size_t begin = 0; begin <= keyText.size();) {
         size_t end = keyText.find(',', begin);
         std::string field = keyText.substr(begin, end - begin);
         size_t eq = field.find('=');
@@ -767,8 +768,8 @@ int main(int argc, char **argv) {
         int64_t token, label;
         bool atStart;
       } badCases[] = {
-          {8, 7, false},  // just past the last row
-          {0, -1, true},  // just before the first row
+          {8, 7, false}, // just past the last row
+          {0, -1, true}, // just before the first row
           {4, key->labels == ElemType::I64 ? int64_t(1) << 40 : 12345, false},
           {5, key->ignoreIndex ? *key->ignoreIndex + 1 : 99, false},
       };

@@ -50,9 +50,9 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
   return loss;
 }
 
-void referenceGrad(const double *row, int64_t vocab, int64_t label,
-                   double lse, double scale, const ReferenceOptions &options,
-                   double *grad, double *termScale) {
+void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
+                   double scale, const ReferenceOptions &options, double *grad,
+                   double *termScale) {
   if (isIgnored(label, options)) {
     for (int64_t j = 0; j < vocab; ++j) {
       grad[j] = 0.0;
@@ -80,8 +80,8 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label,
     } else {
       // p_j = exp(x_j - lse) in fp32 carries the rounding of lse and of the
       // difference: relative error ~ (|lse| + |x_j - lse|) ulps.
-      double pError = p == 0.0 ? 0.0 : p * (2.0 + std::fabs(lse) +
-                                            std::fabs(row[j] - lse));
+      double pError =
+          p == 0.0 ? 0.0 : p * (2.0 + std::fabs(lse) + std::fabs(row[j] - lse));
       termScale[j] = std::fabs(scale) * (pError * std::fabs(zScale) + uniform);
     }
   }

@@ -43,9 +43,9 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 /// formed without cancellation (expm1, and 2 z lse directly). A few ulps of
 /// it are the error floor of an fp32 kernel; it matters only where the
 /// terms cancel (p_j c ~ s/V).
-void referenceGrad(const double *row, int64_t vocab, int64_t label,
-                   double lse, double scale, const ReferenceOptions &options,
-                   double *grad, double *termScale = nullptr);
+void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
+                   double scale, const ReferenceOptions &options, double *grad,
+                   double *termScale = nullptr);
 
 /// Whether `label` is the ignore_index.
 inline bool isIgnored(int64_t label, const ReferenceOptions &options) {

@@ -105,8 +105,8 @@ FakeBundle::FakeBundle(const std::vector<KernelSpec> &kernels) {
   EXPECT_EQ(status, CE_OK) << ce_last_error_message();
   // The same path gives the runtime's handle back, so the record is the one
   // the runtime's kernels write.
-  handle = ::dlopen((dir.path() + "/host-x86_64.so").c_str(),
-                    RTLD_NOW | RTLD_LOCAL);
+  handle =
+      ::dlopen((dir.path() + "/host-x86_64.so").c_str(), RTLD_NOW | RTLD_LOCAL);
   EXPECT_NE(handle, nullptr) << ::dlerror();
   if (handle)
     fakeRecord = static_cast<FakeRecord *>(::dlsym(handle, "ce_fake_record"));

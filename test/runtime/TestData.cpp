@@ -129,8 +129,7 @@ GuardedBuffer::GuardedBuffer(size_t size, bool atStart) : length(size) {
     std::abort();
   }
   unsigned char *first = static_cast<unsigned char *>(mapping) + kGuardBytes;
-  if (dataPages &&
-      ::mprotect(first, dataPages, PROT_READ | PROT_WRITE) != 0) {
+  if (dataPages && ::mprotect(first, dataPages, PROT_READ | PROT_WRITE) != 0) {
     std::perror("mprotect");
     std::abort();
   }
@@ -183,7 +182,8 @@ TestTensor makeTensor(ElemType type, const std::vector<int64_t> &sizes,
   if (count == 0)
     span = 0;
   int64_t elementSize = elemSize(type);
-  result.buffer = GuardedBuffer(static_cast<size_t>(span * elementSize), atStart);
+  result.buffer =
+      GuardedBuffer(static_cast<size_t>(span * elementSize), atStart);
   std::memset(result.buffer.data(), kPaddingFill, result.buffer.size());
   result.covered.assign(span, false);
   result.elementOffsets.reserve(count);
@@ -195,8 +195,7 @@ TestTensor makeTensor(ElemType type, const std::vector<int64_t> &sizes,
     }
     result.elementOffsets.push_back(offset);
     result.covered[offset] = true;
-    std::memset(result.buffer.data() + offset * elementSize, 0xff,
-                elementSize);
+    std::memset(result.buffer.data() + offset * elementSize, 0xff, elementSize);
   }
   ce_tensor &tensor = result.tensor;
   tensor.data = result.buffer.data();

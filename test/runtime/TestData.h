@@ -1,4 +1,5 @@
-//===- TestData.h - Buffers and number formats for numerics tests -*- C++ -*-===//
+//===- TestData.h - Buffers and number formats for numerics tests -*- C++
+//-*-===//
 //
 // Half-precision conversions (round to nearest even), ulps, guarded buffers
 // that fault on out-of-bounds access, and strided views over them.

@@ -35,13 +35,12 @@ struct Call {
   float weight = 1.0f;
   ce_tensor tLogits, tLabels, tLoss, tLse, tGradLoss, tWeights, tGrad;
   const ce_tensor *pLogits = &tLogits, *pLabels = &tLabels, *pLoss = &tLoss,
-                  *pLse = &tLse, *pGradLoss = &tGradLoss,
-                  *pWeights = &tWeights, *pGrad = &tGrad;
+                  *pLse = &tLse, *pGradLoss = &tGradLoss, *pWeights = &tWeights,
+                  *pGrad = &tGrad;
 
   Call(KernelOp op, bool sbv = false)
-      : op(op), sbv(sbv), logits(N * V * 4, 0.5f), grad(N * V * 4),
-        loss(N * 4), lse(N * 4), gradLoss(N * 4, 1.0f), weights(N * 4),
-        labels(N * 4, 1) {
+      : op(op), sbv(sbv), logits(N * V * 4, 0.5f), grad(N * V * 4), loss(N * 4),
+        lse(N * 4), gradLoss(N * 4, 1.0f), weights(N * 4), labels(N * 4, 1) {
     if (!sbv) {
       tLogits = packed(logits.data(), CE_DTYPE_F32, {N, V});
       tGrad = packed(grad.data(), CE_DTYPE_F32, {N, V});
@@ -70,8 +69,8 @@ struct Call {
       return ce_backward(bundle, &options, pLogits, pLabels, pLse, pGradLoss,
                          pGrad, nullptr);
     case KernelOp::Fused:
-      return ce_fused(bundle, &options, pLogits, pLabels, pWeights, pLoss,
-                      pLse, pGrad, nullptr);
+      return ce_fused(bundle, &options, pLogits, pLabels, pWeights, pLoss, pLse,
+                      pGrad, nullptr);
     }
     return CE_OK;
   }
@@ -101,16 +100,21 @@ std::vector<KernelSpec> validationKernels() {
   for (LabelLayout layout : {LabelLayout::Flat, LabelLayout::SbvBs}) {
     bool flat = layout == LabelLayout::Flat;
     kernels.push_back({keyFor(KernelOp::Forward, layout, false),
-                       flat ? "fake_forward_flat" : "fake_forward_bs", {}});
+                       flat ? "fake_forward_flat" : "fake_forward_bs",
+                       {}});
     kernels.push_back({keyFor(KernelOp::Backward, layout, false),
-                       flat ? "fake_backward_flat" : "fake_backward_bs", {}});
+                       flat ? "fake_backward_flat" : "fake_backward_bs",
+                       {}});
     if (flat) {
       kernels.push_back({keyFor(KernelOp::Backward, layout, true),
-                         "fake_backward_flat_overwrite", {}});
+                         "fake_backward_flat_overwrite",
+                         {}});
       kernels.push_back({keyFor(KernelOp::Fused, layout, false),
-                         "fake_fused_flat_scalar", {}});
+                         "fake_fused_flat_scalar",
+                         {}});
       kernels.push_back({keyFor(KernelOp::Fused, layout, true),
-                         "fake_fused_flat_scalar_overwrite", {}});
+                         "fake_fused_flat_scalar_overwrite",
+                         {}});
     }
   }
   return kernels;
@@ -149,8 +153,7 @@ const Case kCases[] = {
      "labels: is NULL"},
     {"loss NULL", Fwd, false, [](Call &c) { c.pLoss = nullptr; },
      "loss: is NULL"},
-    {"lse NULL", Bwd, false, [](Call &c) { c.pLse = nullptr; },
-     "lse: is NULL"},
+    {"lse NULL", Bwd, false, [](Call &c) { c.pLse = nullptr; }, "lse: is NULL"},
     {"grad_loss NULL", Bwd, false, [](Call &c) { c.pGradLoss = nullptr; },
      "grad_loss: is NULL"},
     {"weights NULL", Fus, false, [](Call &c) { c.pWeights = nullptr; },
@@ -185,12 +188,14 @@ const Case kCases[] = {
      "address space"},
 
     // Dtypes.
-    {"logits dtype", Fwd, false, [](Call &c) { c.tLogits.dtype = CE_DTYPE_I32; },
+    {"logits dtype", Fwd, false,
+     [](Call &c) { c.tLogits.dtype = CE_DTYPE_I32; },
      "logits: dtype must be bf16, f16 or f32, got i32"},
     {"invalid dtype", Fwd, false,
      [](Call &c) { c.tLogits.dtype = static_cast<ce_dtype>(99); },
      "logits: invalid dtype 99"},
-    {"labels dtype", Fwd, false, [](Call &c) { c.tLabels.dtype = CE_DTYPE_F32; },
+    {"labels dtype", Fwd, false,
+     [](Call &c) { c.tLabels.dtype = CE_DTYPE_F32; },
      "labels: dtype must be i32 or i64, got f32"},
     {"loss dtype", Fwd, false, [](Call &c) { c.tLoss.dtype = CE_DTYPE_F16; },
      "loss: dtype must be f32, got f16"},
@@ -234,7 +239,9 @@ const Case kCases[] = {
      "weights: must be a scalar (ndim 0) or have the labels' shape [N] = "
      "[5], got [6]"},
     {"grad shape", Bwd, false,
-     [](Call &c) { c.tGrad = packed(c.grad.data(), CE_DTYPE_F32, {N, V + 1}); },
+     [](Call &c) {
+       c.tGrad = packed(c.grad.data(), CE_DTYPE_F32, {N, V + 1});
+     },
      "grad: shape must be the logits' shape [5, 7], got [5, 8]"},
 
     // Strides.
@@ -252,8 +259,7 @@ const Case kCases[] = {
     {"broadcast output", Fwd, false, [](Call &c) { c.tLoss.strides[0] = 0; },
      "loss: stride 0 in dimension 0 (size 5): an output cannot be a "
      "broadcast view"},
-    {"broadcast grad rows", Bwd, false,
-     [](Call &c) { c.tGrad.strides[0] = 0; },
+    {"broadcast grad rows", Bwd, false, [](Call &c) { c.tGrad.strides[0] = 0; },
      "grad: stride 0 in dimension 0 (size 5)"},
     {"self-overlapping grad", Bwd, false,
      [](Call &c) { c.tGrad.strides[0] = 2; },
@@ -349,14 +355,16 @@ TEST_P(Validation, RejectsWithoutLaunching) {
   EXPECT_EQ(bundle.calls(), calls) << "a rejected call launched a kernel";
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllRules, Validation, ::testing::ValuesIn(kCases),
-    [](const ::testing::TestParamInfo<Case> &info) {
-      std::string name;
-      for (const char *c = info.param.name; *c; ++c)
-        name += std::isalnum(static_cast<unsigned char>(*c)) ? *c : '_';
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(AllRules, Validation, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case> &info) {
+                           std::string name;
+                           for (const char *c = info.param.name; *c; ++c)
+                             name +=
+                                 std::isalnum(static_cast<unsigned char>(*c))
+                                     ? *c
+                                     : '_';
+                           return name;
+                         });
 
 TEST(ValidationAccepts, BroadcastAndStridedInputs) {
   FakeBundle bundle(validationKernels());

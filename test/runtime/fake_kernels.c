@@ -80,8 +80,8 @@ static int64_t token_offset(Desc *d, int rank, int64_t i0, int64_t i1) {
 typedef struct Call {
   int layout;
   int labels_i32;
-  Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights,
-      *grad, *status;
+  Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights, *grad,
+      *status;
   int weights_rank; /* 0 (scalar) or the token rank */
 } Call;
 
@@ -102,16 +102,15 @@ static void run(const Call *c) {
       if (c->layout == FLAT)
         rowOffset = i0 * stride_of(c->logits, 2, 0);
       else if (c->layout == SBV_BS)
-        rowOffset = i1 * stride_of(c->logits, 3, 0) +
-                    i0 * stride_of(c->logits, 3, 1);
+        rowOffset =
+            i1 * stride_of(c->logits, 3, 0) + i0 * stride_of(c->logits, 3, 1);
       else
-        rowOffset = i0 * stride_of(c->logits, 3, 0) +
-                    i1 * stride_of(c->logits, 3, 1);
+        rowOffset =
+            i0 * stride_of(c->logits, 3, 0) + i1 * stride_of(c->logits, 3, 1);
       int64_t labelOffset = token_offset(c->labels, token_rank, i0, i1);
-      int64_t label =
-          c->labels_i32
-              ? ((int32_t *)aligned_of(c->labels))[labelOffset]
-              : ((int64_t *)aligned_of(c->labels))[labelOffset];
+      int64_t label = c->labels_i32
+                          ? ((int32_t *)aligned_of(c->labels))[labelOffset]
+                          : ((int64_t *)aligned_of(c->labels))[labelOffset];
       int bad = label < 0 || label >= vocab;
       if (bad && *status == 0)
         *status = 1 + t;
@@ -168,16 +167,15 @@ static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
   Desc *descs[] = {logits, labels, loss, lse, status};
   int ranks[] = {tr + 1, tr, tr, tr, 1};
   record(5, descs, ranks);
-  Call c = {layout, labels_i32, logits, labels, loss, lse, 0, 0, 0, 0, status,
-            0};
+  Call c = {layout, labels_i32, logits, labels, loss,   lse,
+            0,      0,          0,      0,      status, 0};
   run(&c);
 }
 
 EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
   forward(FLAT, 0, a, b, c, d, e);
 }
-EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d,
-                                  Desc *e) {
+EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
   forward(FLAT, 1, a, b, c, d, e);
 }
 EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
@@ -218,8 +216,9 @@ static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
     ranks[4] = 1;
     record(5, descs, ranks);
   }
-  Call c = {layout, 0,  logits, labels, 0, 0, lse, grad_loss, 0,
-            grad ? grad : logits, status, 0};
+  Call c = {layout, 0,   logits,    labels, 0,
+            0,      lse, grad_loss, 0,      grad ? grad : logits,
+            status, 0};
   run(&c);
 }
 
@@ -251,8 +250,9 @@ static void fused(int layout, int weights_rank, Desc *logits, Desc *labels,
     ranks[5] = 1;
     record(6, descs, ranks);
   }
-  Call c = {layout, 0, logits, labels, loss, lse, 0, 0, weights,
-            grad ? grad : logits, status, weights_rank};
+  Call c = {layout, 0,           logits, labels,  loss,
+            lse,    0,           0,      weights, grad ? grad : logits,
+            status, weights_rank};
   run(&c);
 }
 
@@ -268,7 +268,7 @@ EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
                                 Desc *f, Desc *g) {
   fused(SBV_SB, 2, a, b, c, d, e, f, g);
 }
-EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c,
-                                             Desc *d, Desc *e, Desc *f) {
+EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
+                                             Desc *e, Desc *f) {
   fused(FLAT, 0, a, b, c, d, e, 0, f);
 }

@@ -26,7 +26,16 @@ inline constexpr const char *kMemrefDescriptorAbi =
     "memref-descriptor-pointers";
 
 /// What a kernel argument holds (the `role` of an `args` entry).
-enum class ArgRole { Logits, Labels, Loss, Lse, GradLoss, Weights, Grad, Status };
+enum class ArgRole {
+  Logits,
+  Labels,
+  Loss,
+  Lse,
+  GradLoss,
+  Weights,
+  Grad,
+  Status
+};
 
 /// The manifest spelling of `role` ("grad_loss", ...).
 const char *stringify(ArgRole role);

@@ -23,8 +23,7 @@ struct ByteRange {
   __int128 end = 0;
   bool empty() const { return begin >= end; }
   bool overlaps(const ByteRange &other) const {
-    return !empty() && !other.empty() && begin < other.end &&
-           other.begin < end;
+    return !empty() && !other.empty() && begin < other.end && other.begin < end;
   }
 };
 
@@ -34,8 +33,7 @@ int64_t elementCount(const ce_tensor &tensor);
 /// The bytes `tensor` spans given its element size. Fails (returns false)
 /// when the view reaches outside the 64-bit address space or its element
 /// offsets do not fit in int64, which the kernels use for addressing.
-bool byteRange(const ce_tensor &tensor, int64_t elementSize,
-               ByteRange &range);
+bool byteRange(const ce_tensor &tensor, int64_t elementSize, ByteRange &range);
 
 /// Whether two distinct indices of `tensor` may address the same element
 /// (a sufficient test: dimensions sorted by stride must each step past

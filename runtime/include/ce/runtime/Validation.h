@@ -1,4 +1,5 @@
-//===- Validation.h - Checking a launch request before any launch -*- C++ -*-===//
+//===- Validation.h - Checking a launch request before any launch -*- C++
+//-*-===//
 //
 // Internal to the runtime (not installed). Every launch is validated in full
 // before a kernel is looked up or called: options, presence, ranks, shapes,

@@ -139,8 +139,9 @@ struct KernelVariantKey {
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
   static constexpr const char *fieldNames[] = {
-      "op",      "logits",  "labels",    "layout", "ignore_index",
-      "label_smoothing", "z_loss", "overwrite", "weights"};
+      "op",     "logits",       "labels",
+      "layout", "ignore_index", "label_smoothing",
+      "z_loss", "overwrite",    "weights"};
   constexpr size_t numFields = sizeof(fieldNames) / sizeof(fieldNames[0]);
   std::string_view values[numFields];
   std::string_view rest = text;
