@@ -20,6 +20,7 @@ void mlir::ce::buildHostLoopsPipeline(OpPassManager &pm,
   loopOptions.vectorWidth = options.vectorWidth;
   loopOptions.unroll = options.unroll;
   pm.addNestedPass<func::FuncOp>(createCELowerToLoops(loopOptions));
+  pm.addPass(createLoopInvariantCodeMotionPass());
   pm.addPass(createCanonicalizerPass());
   pm.addPass(createCSEPass());
 }
@@ -28,6 +29,7 @@ void mlir::ce::buildLoopsToLLVMPipeline(OpPassManager &pm) {
   // bf16 conversions become integer arithmetic (round to nearest even):
   // x86 has no bf16 instructions before AVX512-BF16, and the libcall LLVM
   // would emit (__truncsfbf2) is not in every libgcc.
+  pm.addPass(createCEExpandExp2());
   arith::ArithExpandOpsPassOptions expandOptions;
   expandOptions.includeBf16 = true;
   pm.addPass(arith::createArithExpandOpsPass(expandOptions));

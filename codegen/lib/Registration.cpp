@@ -36,6 +36,7 @@ void mlir::ce::registerCEPassesAndPipelines() {
   // Upstream passes the pipelines use, so each stage can be replayed.
   registerCanonicalizerPass();
   registerCSEPass();
+  registerLoopInvariantCodeMotionPass();
   arith::registerArithExpandOpsPass();
   registerSCFToControlFlowPass();
   registerConvertVectorToLLVMPass();

@@ -75,4 +75,28 @@ def CELowerToLoops : Pass<"ce-lower-to-loops", "::mlir::func::FuncOp"> {
   ];
 }
 
+def CEExpandExp2 : Pass<"ce-expand-exp2"> {
+  let summary = "Expand f32 math.exp2 into a vectorizable polynomial";
+  let description = [{
+    Rewrites `math.exp2` on f32 scalars and vectors into Cody-Waite range
+    reduction (`2^x = 2^n * 2^f`, `n = roundeven(x)`, `|f| <= 1/2`), a
+    degree-6 polynomial for `2^f` (Cephes' `exp2f` coefficients, relative
+    error below 2e-7) and an exponent-field construction of `2^n`. Inputs
+    below -127 give 0 (no denormal results), above 128 give +inf, and NaN
+    stays NaN.
+
+    For targets without a vector exp2 instruction (x86-64), where LLVM would
+    otherwise scalarize `llvm.exp2` into libm calls. GPU pipelines keep
+    `math.exp2`, which maps to one hardware instruction there.
+
+    ```mlir
+    %y = math.exp2 %x : vector<8xf32>
+    // becomes arith.minimumf/maximumf, math.roundeven, math.fma chain,
+    // arith.shli and arith.bitcast on vector<8xi32>
+    ```
+  }];
+  let dependentDialects = ["::mlir::arith::ArithDialect",
+                           "::mlir::math::MathDialect"];
+}
+
 #endif // CE_TRANSFORMS_PASSES_TD
