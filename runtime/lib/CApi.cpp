@@ -12,6 +12,7 @@
 #include "ce/runtime/Launch.h"
 #include "ce/runtime/ce_runtime.h"
 
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -168,7 +169,12 @@ CE_EXPORT const char *ce_last_error_message(void) {
 }
 
 CE_EXPORT const char *ce_status_string(ce_status status) {
-  switch (status) {
+  // A C caller may pass any int; loading one outside the enumerators as a
+  // ce_status would be undefined behavior in C++.
+  int32_t code;
+  static_assert(sizeof(code) == sizeof(status), "ce_status is an int");
+  std::memcpy(&code, &status, sizeof(code));
+  switch (code) {
   case CE_OK:
     return "CE_OK";
   case CE_ERROR_INVALID_ARGUMENT:

@@ -210,8 +210,12 @@ Status checkTokenShaped(const NamedTensor &arg, const LaunchPlan &plan) {
 }
 
 bool sameView(const ce_tensor &a, const ce_tensor &b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.ndim != b.ndim ||
-      a.device != b.device || a.device_index != b.device_index)
+  // `a` is not validated yet: compare its enum fields as integers.
+  if (a.data != b.data || rawEnum(a.dtype) != rawEnum(b.dtype) ||
+      a.ndim != b.ndim || rawEnum(a.device) != rawEnum(b.device) ||
+      a.device_index != b.device_index)
+    return false;
+  if (a.ndim < 0 || a.ndim > CE_MAX_RANK)
     return false;
   for (int i = 0; i < a.ndim; ++i)
     if (a.sizes[i] != b.sizes[i] || a.strides[i] != b.strides[i])

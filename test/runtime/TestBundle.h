@@ -13,6 +13,7 @@
 #include "ce/runtime/ce_runtime.h"
 
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -96,6 +97,13 @@ ce_tensor view(void *data, ce_dtype dtype, std::vector<int64_t> sizes,
                std::vector<int64_t> strides);
 /// A packed (row-major) host tensor view of `data`.
 ce_tensor packed(void *data, ce_dtype dtype, std::vector<int64_t> sizes);
+
+/// Stores `value` in a C enum field as a C caller may, even outside the
+/// enumerators (a C++ cast to the enum type would be undefined behavior).
+template <typename Enum> void setRawEnum(Enum &field, int32_t value) {
+  static_assert(sizeof(Enum) == sizeof(value), "C enums are ints here");
+  std::memcpy(&field, &value, sizeof(value));
+}
 
 /// Options from ce_options_init.
 ce_options defaultOptions();

@@ -143,7 +143,7 @@ const Case kCases[] = {
     {"z-loss NaN", Fus, false, [](Call &c) { c.options.z_loss = kNaN; },
      "options->z_loss"},
     {"label layout", Fwd, true,
-     [](Call &c) { c.options.label_layout = static_cast<ce_label_layout>(7); },
+     [](Call &c) { setRawEnum(c.options.label_layout, 7); },
      "options->label_layout: must be CE_LABELS_BS (0) or CE_LABELS_SB (1)"},
 
     // Presence.
@@ -192,7 +192,7 @@ const Case kCases[] = {
      [](Call &c) { c.tLogits.dtype = CE_DTYPE_I32; },
      "logits: dtype must be bf16, f16 or f32, got i32"},
     {"invalid dtype", Fwd, false,
-     [](Call &c) { c.tLogits.dtype = static_cast<ce_dtype>(99); },
+     [](Call &c) { setRawEnum(c.tLogits.dtype, 99); },
      "logits: invalid dtype 99"},
     {"labels dtype", Fwd, false,
      [](Call &c) { c.tLabels.dtype = CE_DTYPE_F32; },
@@ -334,7 +334,7 @@ const Case kCases[] = {
      },
      "lse: is on HIP device 1 but logits are on HIP device 0"},
     {"invalid device", Fwd, false,
-     [](Call &c) { c.tLoss.device = static_cast<ce_device_type>(9); },
+     [](Call &c) { setRawEnum(c.tLoss.device, 9); },
      "loss: invalid device type 9"},
 };
 
