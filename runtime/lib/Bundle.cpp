@@ -73,6 +73,8 @@ Status Bundle::open(const std::string &directory,
     return Status::bundleError("no manifest.json in bundle directory '" +
                                directory +
                                "' (ce-gen -o DIR writes DIR/manifest.json)");
+  if (!S_ISREG(info.st_mode))
+    return Status::bundleError("'" + manifestPath + "' is not a file");
   std::string text;
   if (Status status = readFile(manifestPath, text); !status.isOk())
     return status;

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -94,6 +95,23 @@ TEST(BundleOpen, MissingManifest) {
   std::string message = openFails(dir.path());
   EXPECT_THAT(message, HasSubstr("no manifest.json"));
   EXPECT_THAT(message, HasSubstr(dir.path()));
+}
+
+TEST(BundleOpen, ManifestThatIsNotAFile) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.path() + "/manifest.json");
+  EXPECT_THAT(openFails(dir.path()), HasSubstr("manifest.json' is not a file"));
+}
+
+TEST(BundleOpen, EmptyBundle) {
+  TempDir dir;
+  dir.write("manifest.json", R"({"format": "cegen-bundle", "version": 1,
+                                 "objects": [], "kernels": []})");
+  ce_bundle *bundle = nullptr;
+  ASSERT_EQ(ce_bundle_open(dir.path().c_str(), &bundle), CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(ce_bundle_num_kernels(bundle), 0);
+  ce_bundle_close(bundle);
 }
 
 TEST(BundleOpen, TruncatedJsonGivesFileAndOffset) {
