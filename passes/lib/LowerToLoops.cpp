@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "RowLoopBuilder.h"
+#include "TokenLowering.h"
 
 #include "ce/Dialect/CE/IR/CEOps.h"
 #include "ce/Transforms/Passes.h"
@@ -23,52 +23,13 @@ namespace mlir::ce {
 
 using namespace mlir;
 using namespace mlir::ce;
+using namespace mlir::ce::detail;
 
-namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-/// The configuration of one op, as the lowering needs it.
-struct OpConfig {
-  Layout layout;
-  std::optional<int64_t> ignoreIndex;
-  float labelSmoothing;
-  float zLoss;
-  Value status;
-
-  template <typename OpT>
-  static OpConfig get(OpT op) {
-    OpConfig config;
-    config.layout = op.getLayout();
-    if (IntegerAttr attr = op.getIgnoreIndexAttr())
-      config.ignoreIndex = attr.getInt();
-    config.labelSmoothing = op.getLabelSmoothing().convertToFloat();
-    config.zLoss = op.getZLoss().convertToFloat();
-    config.status = op.getStatus();
-    return config;
-  }
-};
-
-/// One token: where its logits row starts, where its per-token values live,
-/// and its linear index in the token shape (for the status report).
-struct Token {
-  SmallVector<Value, 2> rowPrefix;
-  SmallVector<Value, 2> indices;
-  Value linear;
-};
-
-/// What the label of one token says.
-struct LabelInfo {
-  Value label;   ///< i64
-  Value valid;   ///< i1: 0 <= label < V
-  Value ignored; ///< i1: label == ignore_index (false without one)
-  Value target;  ///< f32: x[label] when valid, else 0
-};
 
 /// Builds the loops over all tokens of `logits` and calls `body` in the
 /// innermost one. Token loops are ordered so the logits are walked in
 /// memory order for packed [S, B, V] tensors.
-void buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,
+void mlir::ce::detail::buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,
                      function_ref<void(const Token &)> body) {
   Value c0 = arith::ConstantIndexOp::create(b, 0);
   Value c1 = arith::ConstantIndexOp::create(b, 1);
@@ -103,157 +64,29 @@ void buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,
   });
 }
 
-/// Shared lowering state of one op.
-class CrossEntropyLowering {
-public:
-  CrossEntropyLowering(ImplicitLocOpBuilder &b, const OpConfig &config,
-                       Value logits, Value labels, unsigned vectorWidth,
-                       unsigned unroll)
-      : b(b), rows(b, vectorWidth, unroll), config(config), logits(logits),
-        labels(labels) {
-    auto type = cast<MemRefType>(logits.getType());
-    vocab = memref::DimOp::create(b, logits, type.getRank() - 1);
-    vocabF32 = arith::UIToFPOp::create(
-        b, b.getF32Type(),
-        arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
-    // Megatron's smoothing: s = alpha * V / (V - 1), and 0 for V == 1 where
-    // every value of s gives the same (zero) loss.
-    if (hasSmoothing()) {
-      Value alpha = rows.f32(config.labelSmoothing);
-      Value vMinusOne = arith::SubFOp::create(b, vocabF32, rows.f32(1.0f));
-      Value s = arith::DivFOp::create(
-          b, arith::MulFOp::create(b, alpha, vocabF32), vMinusOne);
-      Value manyClasses = arith::CmpIOp::create(
-          b, arith::CmpIPredicate::ugt, vocab, rows.index(1));
-      smoothing = arith::SelectOp::create(b, manyClasses, s, rows.f32(0.0f));
-      uniform = arith::DivFOp::create(b, smoothing, vocabF32);
-    }
+Token mlir::ce::detail::tokenOfBlock(ImplicitLocOpBuilder &b, Layout layout,
+                                     Value logits, Value blockId) {
+  if (layout == Layout::flat)
+    return Token{{blockId}, {blockId}, blockId};
+  Value dim0 = memref::DimOp::create(b, logits, 0);
+  Value dim1 = memref::DimOp::create(b, logits, 1);
+  // One division per row: blocks walk [S, B] in memory order.
+  Value s = arith::DivUIOp::create(b, blockId, dim1);
+  Value bIdx = arith::RemUIOp::create(b, blockId, dim1);
+  Token token;
+  token.rowPrefix = {s, bIdx};
+  if (layout == Layout::sbv_bs) {
+    token.indices = {bIdx, s};
+    token.linear = arith::AddIOp::create(
+        b, arith::MulIOp::create(b, bIdx, dim0), s);
+  } else {
+    token.indices = {s, bIdx};
+    token.linear = blockId;
   }
+  return token;
+}
 
-  bool hasSmoothing() const { return config.labelSmoothing != 0.0f; }
-  bool hasZLoss() const { return config.zLoss != 0.0f; }
-
-  RowRef rowOf(Value memref, const Token &token) {
-    return RowRef{memref, token.rowPrefix};
-  }
-
-  /// Reads the label, classifies it, and gathers the target logit with a
-  /// single guarded load. Reports a bad label through `status`.
-  LabelInfo readLabel(const Token &token) {
-    LabelInfo info;
-    Value label = memref::LoadOp::create(b, labels, token.indices);
-    if (!label.getType().isInteger(64))
-      label = arith::ExtSIOp::create(b, b.getI64Type(), label);
-    info.label = label;
-    Value vocabI64 = arith::IndexCastUIOp::create(b, b.getI64Type(), vocab);
-    Value zero = arith::ConstantIntOp::create(b, b.getI64Type(), 0);
-    info.valid = arith::AndIOp::create(
-        b, arith::CmpIOp::create(b, arith::CmpIPredicate::sge, label, zero),
-        arith::CmpIOp::create(b, arith::CmpIPredicate::slt, label, vocabI64));
-    if (config.ignoreIndex) {
-      Value ignore =
-          arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
-      info.ignored =
-          arith::CmpIOp::create(b, arith::CmpIPredicate::eq, label, ignore);
-    } else {
-      info.ignored = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
-    }
-    auto ifOp = scf::IfOp::create(b, TypeRange{b.getF32Type()}, info.valid,
-                                  /*withElseRegion=*/true);
-    {
-      OpBuilder::InsertionGuard guard(b);
-      b.setInsertionPointToStart(ifOp.thenBlock());
-      Value column = arith::IndexCastOp::create(b, b.getIndexType(), label);
-      scf::YieldOp::create(b, rows.loadElement(rowOf(logits, token), column));
-      b.setInsertionPointToStart(ifOp.elseBlock());
-      scf::YieldOp::create(b, rows.f32(0.0f));
-    }
-    info.target = ifOp.getResult(0);
-    if (config.status) {
-      Value notIgnored = arith::XOrIOp::create(
-          b, info.ignored, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
-      Value notValid = arith::XOrIOp::create(
-          b, info.valid, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
-      buildIf(b, arith::AndIOp::create(b, notIgnored, notValid), [&] {
-        Value linear = arith::IndexCastUIOp::create(b, b.getI64Type(),
-                                                    token.linear);
-        Value code = arith::AddIOp::create(
-            b, linear, arith::ConstantIntOp::create(b, b.getI64Type(), 1));
-        memref::StoreOp::create(b, code, config.status,
-                                ValueRange{rows.index(0)});
-      });
-    }
-    return info;
-  }
-
-  /// The per-token loss from the row statistics and `logProb` = log p_y.
-  Value buildLoss(const LabelInfo &label, const RowStats &stats, Value lse,
-                  Value logProb) {
-    Value loss = arith::NegFOp::create(b, logProb);
-    if (hasSmoothing()) {
-      Value mean = arith::DivFOp::create(b, stats.sum, vocabF32);
-      Value smoothTerm = arith::SubFOp::create(b, lse, mean);
-      Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
-      loss = arith::AddFOp::create(
-          b, arith::MulFOp::create(b, keep, loss),
-          arith::MulFOp::create(b, smoothing, smoothTerm));
-    }
-    if (hasZLoss()) {
-      Value square = arith::MulFOp::create(b, lse, lse);
-      loss = arith::AddFOp::create(
-          b, loss, arith::MulFOp::create(b, rows.f32(config.zLoss), square));
-    }
-    loss = arith::SelectOp::create(b, label.valid, loss, rows.f32(kNaN));
-    return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);
-  }
-
-  /// Writes the gradient row: zeros for an ignored token, NaN for a bad
-  /// label, and otherwise `g * (p * c - s/V)` with the target element
-  /// replaced by `g * (expm1(log p_y) * c + 2 z lse + s - s/V)`, computed
-  /// from the exact log-probability rather than from a rounded p_y - 1.
-  void buildGradient(const Token &token, Value grad, const LabelInfo &label,
-                     Value lse, Value logProb, Value weight) {
-    RowRef gradRow = rowOf(grad, token);
-    buildIf(
-        b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
-        [&] {
-          Value scale =
-              arith::SelectOp::create(b, label.valid, weight, rows.f32(kNaN));
-          // c = 1 + 2 z lse; its excess over 1 is kept unrounded for the
-          // target term, where it may nearly cancel p_y - 1.
-          Value zTerm = rows.f32(0.0f);
-          Value c = rows.f32(1.0f);
-          if (hasZLoss()) {
-            zTerm = arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse);
-            c = arith::AddFOp::create(b, c, zTerm);
-          }
-          Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
-          rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
-                                  scale, c, u);
-          buildIf(b, label.valid, [&] {
-            Value term = arith::MulFOp::create(b, rows.buildExpm1(logProb), c);
-            term = arith::AddFOp::create(b, term, zTerm);
-            if (hasSmoothing())
-              term = arith::AddFOp::create(
-                  b, term, arith::SubFOp::create(b, smoothing, uniform));
-            Value column =
-                arith::IndexCastOp::create(b, b.getIndexType(), label.label);
-            rows.storeElement(gradRow, column,
-                              arith::MulFOp::create(b, scale, term));
-          });
-        });
-  }
-
-  ImplicitLocOpBuilder &b;
-  RowLoopBuilder rows;
-  OpConfig config;
-  Value logits;
-  Value labels;
-  Value vocab;
-  Value vocabF32;
-  Value smoothing; ///< f32 s, only with label smoothing
-  Value uniform;   ///< f32 s / V, only with label smoothing
-};
+namespace {
 
 /// Base of the three op lowerings: carries the sweep options.
 template <typename OpT>
@@ -277,19 +110,8 @@ struct ForwardOpLowering : CrossEntropyPattern<ForwardOp> {
     ImplicitLocOpBuilder b(op.getLoc(), rewriter);
     CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
                                   op.getLabels(), vectorWidth, unroll);
-    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
-      LabelInfo label = lowering.readLabel(t);
-      RowStats stats = lowering.rows.buildStatistics(
-          lowering.rowOf(op.getLogits(), t), lowering.vocab,
-          lowering.hasSmoothing());
-      Value lse = lowering.rows.buildLogSumExp(stats);
-      Value logProb = arith::SubFOp::create(
-          b, arith::SubFOp::create(b, label.target, stats.max),
-          lowering.rows.buildLog1p(stats.rest));
-      Value loss = lowering.buildLoss(label, stats, lse, logProb);
-      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
-      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
-    });
+    buildTokenLoops(b, op.getLayout(), op.getLogits(),
+                    [&](const Token &t) { lowering.lowerForward(op, t); });
     rewriter.eraseOp(op);
     return success();
   }
@@ -305,15 +127,8 @@ struct BackwardOpLowering : CrossEntropyPattern<BackwardOp> {
     ImplicitLocOpBuilder b(op.getLoc(), rewriter);
     CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
                                   op.getLabels(), vectorWidth, unroll);
-    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
-      LabelInfo label = lowering.readLabel(t);
-      Value lse = memref::LoadOp::create(b, op.getLse(), t.indices);
-      Value weight = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
-      // Given only the rounded lse, x_y - lse is the best log p_y there is;
-      // the subtraction itself is exact when p_y is near 1.
-      Value logProb = arith::SubFOp::create(b, label.target, lse);
-      lowering.buildGradient(t, op.getGrad(), label, lse, logProb, weight);
-    });
+    buildTokenLoops(b, op.getLayout(), op.getLogits(),
+                    [&](const Token &t) { lowering.lowerBackward(op, t); });
     rewriter.eraseOp(op);
     return success();
   }
@@ -334,23 +149,7 @@ struct FusedOpLowering : CrossEntropyPattern<FusedOp> {
     if (scalarWeight)
       sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
     buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
-      LabelInfo label = lowering.readLabel(t);
-      RowStats stats = lowering.rows.buildStatistics(
-          lowering.rowOf(op.getLogits(), t), lowering.vocab,
-          lowering.hasSmoothing());
-      Value lse = lowering.rows.buildLogSumExp(stats);
-      Value logProb = arith::SubFOp::create(
-          b, arith::SubFOp::create(b, label.target, stats.max),
-          lowering.rows.buildLog1p(stats.rest));
-      Value loss = lowering.buildLoss(label, stats, lse, logProb);
-      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
-      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
-      Value weight =
-          scalarWeight
-              ? sharedWeight
-              : memref::LoadOp::create(b, op.getWeights(), t.indices)
-                    .getResult();
-      lowering.buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+      lowering.lowerFused(op, t, sharedWeight);
     });
     rewriter.eraseOp(op);
     return success();

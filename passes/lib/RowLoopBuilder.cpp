@@ -3,6 +3,7 @@
 #include "RowLoopBuilder.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
@@ -144,6 +145,104 @@ void RowLoopBuilder::storeVector(const RowRef &row, Value index, Value value) {
 
 Value RowLoopBuilder::stepSize() { return index(vectorWidth * unroll); }
 
+scf::ForOp RowLoopBuilder::buildMainLoop(
+    Value mainEnd, ValueRange inits,
+    function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+  if (!threads.enabled())
+    return buildForLoop(b, index(0), mainEnd, stepSize(), inits, body);
+  int64_t step = vectorWidth * unroll;
+  Value first = arith::MulIOp::create(b, threads.threadId, index(step));
+  return buildForLoop(b, first, mainEnd, index(step * threads.numThreads),
+                      inits, body);
+}
+
+scf::ForOp RowLoopBuilder::buildTailLoop(
+    Value mainEnd, Value vocab, ValueRange inits,
+    function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+  if (!threads.enabled())
+    return buildForLoop(b, mainEnd, vocab, index(1), inits, body);
+  Value first = arith::AddIOp::create(b, mainEnd, threads.threadId);
+  return buildForLoop(b, first, vocab, index(threads.numThreads), inits,
+                      body);
+}
+
+/// Butterfly over a subgroup, then one slot per subgroup in workgroup
+/// memory, combined by every thread in the same order (deterministic).
+std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
+  if (!threads.enabled())
+    return {max, rest};
+  for (unsigned offset = threads.subgroupSize / 2; offset >= 1; offset /= 2) {
+    auto other = [&](Value v) -> Value {
+      return gpu::ShuffleOp::create(b, v, offset, threads.subgroupSize,
+                                    gpu::ShuffleMode::XOR)
+          .getShuffleResult();
+    };
+    Value otherMax = other(max), otherRest = other(rest);
+    std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
+  }
+  unsigned numSubgroups = threads.numSubgroups();
+  if (numSubgroups <= 1)
+    return {max, rest};
+  Value subgroupSize = index(threads.subgroupSize);
+  Value lane = arith::RemUIOp::create(b, threads.threadId, subgroupSize);
+  Value subgroup = arith::DivUIOp::create(b, threads.threadId, subgroupSize);
+  Value isFirstLane =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, lane, index(0));
+  buildIf(b, isFirstLane, [&] {
+    memref::StoreOp::create(b, max, threads.scratch, ValueRange{subgroup});
+    Value restSlot =
+        arith::AddIOp::create(b, subgroup, index(numSubgroups));
+    memref::StoreOp::create(b, rest, threads.scratch, ValueRange{restSlot});
+  });
+  gpu::BarrierOp::create(b);
+  max = memref::LoadOp::create(b, threads.scratch, ValueRange{index(0)});
+  rest = memref::LoadOp::create(b, threads.scratch,
+                                ValueRange{index(numSubgroups)});
+  for (unsigned i = 1; i < numSubgroups; ++i) {
+    Value otherMax =
+        memref::LoadOp::create(b, threads.scratch, ValueRange{index(i)});
+    Value otherRest = memref::LoadOp::create(
+        b, threads.scratch, ValueRange{index(numSubgroups + i)});
+    std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
+  }
+  // The slots are reused by the next reduction.
+  gpu::BarrierOp::create(b);
+  return {max, rest};
+}
+
+Value RowLoopBuilder::allReduceSum(Value sum) {
+  if (!threads.enabled())
+    return sum;
+  for (unsigned offset = threads.subgroupSize / 2; offset >= 1; offset /= 2) {
+    Value other = gpu::ShuffleOp::create(b, sum, offset, threads.subgroupSize,
+                                         gpu::ShuffleMode::XOR)
+                      .getShuffleResult();
+    sum = arith::AddFOp::create(b, sum, other);
+  }
+  unsigned numSubgroups = threads.numSubgroups();
+  if (numSubgroups <= 1)
+    return sum;
+  Value subgroupSize = index(threads.subgroupSize);
+  Value lane = arith::RemUIOp::create(b, threads.threadId, subgroupSize);
+  Value subgroup = arith::DivUIOp::create(b, threads.threadId, subgroupSize);
+  Value slot =
+      arith::AddIOp::create(b, subgroup, index(2 * numSubgroups));
+  buildIf(b, arith::CmpIOp::create(b, arith::CmpIPredicate::eq, lane, index(0)),
+          [&] {
+            memref::StoreOp::create(b, sum, threads.scratch, ValueRange{slot});
+          });
+  gpu::BarrierOp::create(b);
+  sum = memref::LoadOp::create(b, threads.scratch,
+                               ValueRange{index(2 * numSubgroups)});
+  for (unsigned i = 1; i < numSubgroups; ++i)
+    sum = arith::AddFOp::create(
+        b, sum,
+        memref::LoadOp::create(b, threads.scratch,
+                               ValueRange{index(2 * numSubgroups + i)}));
+  gpu::BarrierOp::create(b);
+  return sum;
+}
+
 Value RowLoopBuilder::mainTripEnd(Value vocab) {
   Value remainder = arith::RemUIOp::create(b, vocab, stepSize());
   return arith::SubIOp::create(b, vocab, remainder);
@@ -226,8 +325,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(-kInf, vectorType), f32(0.0f, vectorType)};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
-  scf::ForOp mainLoop = buildForLoop(
-      b, index(0), mainEnd, stepSize(), inits,
+  scf::ForOp mainLoop = buildMainLoop(
+      mainEnd, inits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
         SmallVector<Value, 8> xs;
         for (unsigned u = 0; u < unroll; ++u) {
@@ -268,8 +367,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   SmallVector<Value> tailInits = {f32(-kInf), f32(0.0f)};
   if (withSum)
     tailInits.push_back(f32(0.0f));
-  scf::ForOp tailLoop = buildForLoop(
-      b, mainEnd, vocab, index(1), tailInits,
+  scf::ForOp tailLoop = buildTailLoop(
+      mainEnd, vocab, tailInits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
         Value x = loadElement(row, j);
         auto [tailMax, tailRest] =
@@ -283,6 +382,9 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                       tailLoop.getResult(1));
   if (withSum)
     sum = arith::AddFOp::create(b, sum, tailLoop.getResult(2));
+  std::tie(max, rest) = allReduceState(max, rest);
+  if (withSum)
+    sum = allReduceSum(sum);
   return {max, rest, sum};
 }
 
@@ -306,7 +408,7 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     return arith::MulFOp::create(b, splat(scale), shifted);
   };
   Value mainEnd = mainTripEnd(vocab);
-  buildForLoop(b, index(0), mainEnd, stepSize(), {},
+  buildMainLoop(mainEnd, {},
                [&](Value j, ValueRange) -> SmallVector<Value> {
                  // Load the whole step first so the loads are in flight
                  // together.
@@ -320,7 +422,7 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                    storeVector(grad, offsets[k], gradient(xs[k], vectorType));
                  return {};
                });
-  buildForLoop(b, mainEnd, vocab, index(1), {},
+  buildTailLoop(mainEnd, vocab, {},
                [&](Value j, ValueRange) -> SmallVector<Value> {
                  Value x = loadElement(row, j);
                  storeElement(grad, j, gradient(x, b.getF32Type()));
@@ -332,7 +434,7 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value splat = vector::BroadcastOp::create(b, vectorType, value);
   Value mainEnd = mainTripEnd(vocab);
-  buildForLoop(b, index(0), mainEnd, stepSize(), {},
+  buildMainLoop(mainEnd, {},
                [&](Value j, ValueRange) -> SmallVector<Value> {
                  for (unsigned k = 0; k < unroll; ++k)
                    storeVector(grad,
@@ -341,7 +443,7 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
                                splat);
                  return {};
                });
-  buildForLoop(b, mainEnd, vocab, index(1), {},
+  buildTailLoop(mainEnd, vocab, {},
                [&](Value j, ValueRange) -> SmallVector<Value> {
                  storeElement(grad, j, value);
                  return {};

@@ -43,11 +43,27 @@ buildForLoop(ImplicitLocOpBuilder &b, Value lower, Value upper, Value step,
 void buildIf(ImplicitLocOpBuilder &b, Value condition,
              function_ref<void()> thenBody, function_ref<void()> elseBody = {});
 
+/// How the sweeps of one row are split over the threads of a workgroup. On
+/// the host there is one thread and this is empty.
+struct RowThreads {
+  Value threadId;            ///< index, in [0, numThreads)
+  unsigned numThreads = 1;   ///< workgroup size (x)
+  unsigned subgroupSize = 1; ///< warp (32) or wave (64) size
+  /// f32 workgroup memory, at least 3 * numSubgroups() elements, used to
+  /// combine per-subgroup results.
+  Value scratch;
+
+  bool enabled() const { return static_cast<bool>(threadId); }
+  unsigned numSubgroups() const { return numThreads / subgroupSize; }
+};
+
 class RowLoopBuilder {
 public:
   RowLoopBuilder(ImplicitLocOpBuilder &b, unsigned vectorWidth,
-                 unsigned unroll)
-      : b(b), vectorWidth(vectorWidth), unroll(unroll) {}
+                 unsigned unroll, RowThreads threads = {})
+      : b(b), vectorWidth(vectorWidth), unroll(unroll), threads(threads) {}
+
+  const RowThreads &getThreads() const { return threads; }
 
   /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j.
   RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum);
@@ -89,10 +105,23 @@ private:
   Value stepSize();
   /// The largest multiple of the step not above `vocab`.
   Value mainTripEnd(Value vocab);
+  /// Builds the strided loops of a sweep: this thread's share of the vector
+  /// steps in [0, mainEnd), then of the scalar tail [mainEnd, vocab).
+  scf::ForOp buildMainLoop(
+      Value mainEnd, ValueRange inits,
+      function_ref<SmallVector<Value>(Value, ValueRange)> body);
+  scf::ForOp buildTailLoop(
+      Value mainEnd, Value vocab, ValueRange inits,
+      function_ref<SmallVector<Value>(Value, ValueRange)> body);
+  /// Combines the (max, rest) states, or the sums, of all threads; every
+  /// thread gets the result. Identity on the host.
+  std::pair<Value, Value> allReduceState(Value max, Value rest);
+  Value allReduceSum(Value sum);
 
   ImplicitLocOpBuilder &b;
   unsigned vectorWidth;
   unsigned unroll;
+  RowThreads threads;
 };
 
 } // namespace mlir::ce
