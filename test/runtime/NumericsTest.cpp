@@ -131,6 +131,14 @@ std::string formatDouble(double value) {
   return buffer;
 }
 
+/// "[x0, x1, ...]" with round-trip precision, to reproduce a failure.
+std::string formatRow(const double *row, int64_t count) {
+  std::string text = "[";
+  for (int64_t j = 0; j < count; ++j)
+    text += (j ? ", " : "") + formatDouble(row[j]);
+  return text + "]";
+}
+
 //===----------------------------------------------------------------------===//
 // Problems: inputs, their tensors and the token <-> element mapping
 //===----------------------------------------------------------------------===//
@@ -448,18 +456,30 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
            ", tolerance " + formatDouble(tolerance) +
            (type == ElemType::F32 ? " (1e-5 of row max" : " (1 ulp") +
            " + f32 floor " +
-           formatDouble(4.0 * std::ldexp(termScale[worst], -24)) + ")";
+           formatDouble(4.0 * std::ldexp(termScale[worst], -24)) + ")" +
+           (p.vocab <= 8 ? ", row " + formatRow(&p.x[t * p.vocab], p.vocab) +
+                               ", scale " + formatDouble(p.scale[t])
+                         : std::string());
   });
 }
 
 /// Compares every gradient row written in `grad` (or the logits, when
 /// overwriting) with the reference computed from `lseUsed`.
+/// `inputLse`: the kernel took `lseUsed` as an input (backward); otherwise
+/// it computed the lse itself (fused) and `stats` are the exact statistics.
 void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
-               const std::vector<double> &lseUsed) {
+               const std::vector<double> &lseUsed,
+               const std::vector<RowStats> &stats, bool inputLse) {
   std::vector<double> ref(p.vocab), termScale(p.vocab);
   for (int64_t t = 0; t < p.numTokens; ++t) {
-    referenceGrad(&p.x[t * p.vocab], p.vocab, p.labels[t], lseUsed[t],
-                  p.scale[t], p.reference, ref.data(), termScale.data());
+    const double *row = &p.x[t * p.vocab];
+    int64_t label = p.labels[t];
+    double targetLogProb = 0.0;
+    if (!isIgnored(label, p.reference))
+      targetLogProb =
+          inputLse ? row[label] - lseUsed[t] : stats[t].logProb(row, label);
+    referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb, p.scale[t],
+                  p.reference, ref.data(), termScale.data());
     checkGradRow(
         report, p, t, [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); },
         ref, termScale, lseUsed[t]);
@@ -506,9 +526,12 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
   int64_t n = p.numTokens, v = p.vocab;
 
   // The float64 reference lse of every token.
+  std::vector<RowStats> stats(n);
   std::vector<double> refLse(n);
-  for (int64_t t = 0; t < n; ++t)
-    refLse[t] = referenceLse(&p.x[t * v], v);
+  for (int64_t t = 0; t < n; ++t) {
+    stats[t] = referenceStats(&p.x[t * v], v);
+    refLse[t] = stats[t].lse;
+  }
 
   auto labelsBefore = p.labelTensor.snapshot();
   auto logitsBefore = p.logits.snapshot();
@@ -590,7 +613,7 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     checkPadding(report, "lse", lse);
     for (int64_t t = 0; t < n; ++t) {
       double refLoss =
-          referenceLoss(&p.x[t * v], v, p.labels[t], refLse[t], p.reference);
+          referenceLoss(&p.x[t * v], v, p.labels[t], stats[t], p.reference);
       checkTokenValue(report, p, "loss", t, loss.get(t), refLoss,
                       isIgnored(p.labels[t], p.reference));
       checkTokenValue(report, p, "lse", t, lse.get(t), refLse[t], false);
@@ -600,7 +623,7 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     const TestTensor &written = key.overwrite ? p.logits : grad;
     if (!key.overwrite)
       checkPadding(report, "grad", grad);
-    checkGrad(report, p, written, lseUsed);
+    checkGrad(report, p, written, lseUsed, stats, key.op == KernelOp::Backward);
   }
 }
 
@@ -638,7 +661,7 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
     break;
   case KernelOp::Backward:
     for (int64_t t = 0; t < p.numTokens; ++t)
-      lse.set(t, referenceLse(&p.x[t * p.vocab], p.vocab));
+      lse.set(t, referenceStats(&p.x[t * p.vocab], p.vocab).lse);
     status =
         ce_backward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
                     &lse.tensor, &p.gradLoss.tensor, gradArg, nullptr);

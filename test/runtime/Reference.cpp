@@ -20,24 +20,36 @@ double smoothingFactor(double alpha, int64_t vocab) {
   return alpha * static_cast<double>(vocab) / static_cast<double>(vocab - 1);
 }
 
-double referenceLse(const double *row, int64_t vocab) {
-  double max = -std::numeric_limits<double>::infinity();
+double RowStats::logProb(const double *row, int64_t j) const {
+  return (row[j] - max) - std::log1p(rest);
+}
+
+RowStats referenceStats(const double *row, int64_t vocab) {
+  RowStats stats;
+  stats.max = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < vocab; ++j)
-    max = std::fmax(max, row[j]);
-  if (std::isinf(max))
-    return max;
-  double sum = 0.0;
+    if (row[j] > stats.max || j == 0) {
+      stats.max = row[j];
+      stats.argmax = j;
+    }
+  if (std::isinf(stats.max)) {
+    stats.lse = stats.max;
+    return stats;
+  }
   for (int64_t j = 0; j < vocab; ++j)
-    sum += std::exp(row[j] - max);
-  return max + std::log(sum);
+    if (j != stats.argmax)
+      stats.rest += std::exp(row[j] - stats.max);
+  stats.lse = stats.max + std::log1p(stats.rest);
+  return stats;
 }
 
 double referenceLoss(const double *row, int64_t vocab, int64_t label,
-                     double lse, const ReferenceOptions &options) {
+                     const RowStats &stats, const ReferenceOptions &options) {
   if (isIgnored(label, options))
     return 0.0;
   double s = smoothingFactor(options.labelSmoothing, vocab);
-  double loss = lse - row[label];
+  double lse = stats.lse;
+  double loss = -stats.logProb(row, label); // lse - x_y
   if (s != 0.0) {
     double sum = 0.0;
     for (int64_t j = 0; j < vocab; ++j)
@@ -51,7 +63,8 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 }
 
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
-                   double scale, const ReferenceOptions &options, double *grad,
+                   double targetLogProb, double scale,
+                   const ReferenceOptions &options, double *grad,
                    double *termScale) {
   if (isIgnored(label, options)) {
     for (int64_t j = 0; j < vocab; ++j) {
@@ -66,18 +79,19 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
   double zScale = 1.0 + zTerm;
   double uniform = s / static_cast<double>(vocab);
   for (int64_t j = 0; j < vocab; ++j) {
-    double p = std::exp(row[j] - lse);
-    double value = p * zScale - uniform;
-    if (j == label)
-      value -= 1.0 - s;
-    grad[j] = scale * value;
-    if (!termScale)
-      continue;
     if (j == label) {
-      termScale[j] = std::fabs(scale) *
-                     (std::fabs(std::expm1(row[j] - lse)) * std::fabs(zScale) +
-                      std::fabs(zTerm) + s);
-    } else {
+      // p_y c - (1 - s) - s/V = (p_y - 1) c + (c - 1) + s - s/V.
+      double pMinusOne = std::expm1(targetLogProb);
+      grad[j] = scale * (pMinusOne * zScale + zTerm + s - uniform);
+      if (termScale)
+        termScale[j] =
+            std::fabs(scale) *
+            (std::fabs(pMinusOne) * std::fabs(zScale) + std::fabs(zTerm) + s);
+      continue;
+    }
+    double p = std::exp(row[j] - lse);
+    grad[j] = scale * (p * zScale - uniform);
+    if (termScale) {
       // p_j = exp(x_j - lse) in fp32 carries the rounding of lse and of the
       // difference: relative error ~ (|lse| + |x_j - lse|) ulps.
       double pError =

@@ -1,6 +1,9 @@
 //===- Reference.h - The float64 cross-entropy reference --------*- C++ -*-===//
 //
-// DESIGN.md section 1, in double precision, one token row at a time.
+// DESIGN.md section 1, in double precision, one token row at a time. The
+// quantities that cancel near p_y = 1 (lse - x_y and p_y - 1) are formed
+// from the row's statistics with log1p/expm1, so the reference stays accurate
+// to ~1e-15 relative even when 1 - p_y is below double's resolution of 1.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,20 +23,39 @@ struct ReferenceOptions {
   double zLoss = 0.0;
 };
 
+/// Whether `label` is the ignore_index.
+inline bool isIgnored(int64_t label, const ReferenceOptions &options) {
+  return options.ignoreIndex && label == *options.ignoreIndex;
+}
+
 /// The effective smoothing s = alpha V / (V - 1); 0 when V == 1.
 double smoothingFactor(double alpha, int64_t vocab);
 
-/// log(sum_j exp(x_j)) of one row, computed stably.
-double referenceLse(const double *row, int64_t vocab);
+/// Softmax statistics of one row: lse = max + log1p(rest), where rest sums
+/// exp(x_j - max) over every entry but one maximal one.
+struct RowStats {
+  double max = 0.0;
+  int64_t argmax = 0;
+  double rest = 0.0;
+  double lse = 0.0;
 
-/// The loss of one token given its row's lse (0 for an ignored token).
+  /// log p_j = x_j - lse without rounding lse first:
+  /// (x_j - max) - log1p(rest).
+  double logProb(const double *row, int64_t j) const;
+};
+
+RowStats referenceStats(const double *row, int64_t vocab);
+
+/// The loss of one token (0 for an ignored token).
 double referenceLoss(const double *row, int64_t vocab, int64_t label,
-                     double lse, const ReferenceOptions &options);
+                     const RowStats &stats, const ReferenceOptions &options);
 
 /// The gradient row of one token: upstream `scale` times
 /// p_j (1 + 2 z lse) - (1 - s) [j == label] - s / V, p_j = exp(x_j - lse);
-/// all zeros for an ignored token. `lse` is what the kernel uses: its own
-/// (fused) or its input (backward).
+/// all zeros for an ignored token. `lse` is the one the kernel uses (its own
+/// for fused, its input for backward) and `targetLogProb` is log p_label
+/// computed without cancellation from it (RowStats::logProb, or x_y - lse for
+/// an input lse, which is exact in double).
 ///
 /// If `termScale` is not null it receives, per element, the magnitude of the
 /// rounding errors fp32 arithmetic cannot avoid, in f32 ulps of 1: off the
@@ -44,13 +66,9 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 /// it are the error floor of an fp32 kernel; it matters only where the
 /// terms cancel (p_j c ~ s/V).
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
-                   double scale, const ReferenceOptions &options, double *grad,
+                   double targetLogProb, double scale,
+                   const ReferenceOptions &options, double *grad,
                    double *termScale = nullptr);
-
-/// Whether `label` is the ignore_index.
-inline bool isIgnored(int64_t label, const ReferenceOptions &options) {
-  return options.ignoreIndex && label == *options.ignoreIndex;
-}
 
 } // namespace ce::test
 
