@@ -4,7 +4,15 @@
  * and launches them on caller-owned tensors. It links neither MLIR nor LLVM.
  * Every function returns a ce_status; on failure ce_last_error_message()
  * gives a human-readable reason (thread-local, valid until the next call on
- * the same thread). Nothing is launched when validation fails.
+ * the same thread; "" after a success). Nothing is launched when validation
+ * fails, and nothing when there are no tokens.
+ *
+ * Validation rules, error codes, the label-status design and thread safety:
+ * docs/runtime.md. In short: any number of threads may launch at once, on
+ * one bundle or several; `options` may be NULL (the defaults); `stream` is
+ * ignored by the host backend, whose kernels have finished when a call
+ * returns; CE_DEVICE_CUDA/CE_DEVICE_HIP tensors get CE_ERROR_NO_DEVICE until
+ * the GPU backends exist.
  *
  *===----------------------------------------------------------------------===*/
 
