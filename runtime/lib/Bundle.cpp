@@ -137,6 +137,10 @@ const KernelInfo *Bundle::findKernel(std::string_view target,
   return &bundleManifest.kernels[found->second];
 }
 
+std::string Bundle::objectPath(const std::string &file) const {
+  return joinPath(bundleDirectory, file);
+}
+
 void *Bundle::hostEntry(const KernelInfo &kernel) const {
   size_t position = &kernel - bundleManifest.kernels.data();
   if (position >= entries.size())

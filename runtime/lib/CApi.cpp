@@ -114,11 +114,18 @@ CE_EXPORT const char *ce_bundle_kernel_key(const ce_bundle *bundle,
   return bundle->impl->kernels()[index].key.c_str();
 }
 
+CE_EXPORT const char *ce_bundle_kernel_target(const ce_bundle *bundle,
+                                              int64_t index) {
+  if (!bundle || !bundle->impl || index < 0 ||
+      index >= static_cast<int64_t>(bundle->impl->kernels().size()))
+    return nullptr;
+  return bundle->impl->kernels()[index].target.c_str();
+}
+
 CE_EXPORT ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
                                const ce_tensor *logits, const ce_tensor *labels,
                                const ce_tensor *loss, const ce_tensor *lse,
                                void *stream) {
-  (void)stream; // Host kernels run on the calling thread.
   ce::LaunchRequest request;
   request.op = ce::KernelOp::Forward;
   request.options = options;
@@ -126,6 +133,7 @@ CE_EXPORT ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
   request.labels = labels;
   request.loss = loss;
   request.lse = lse;
+  request.stream = stream;
   return runOp("ce_forward", bundle, request);
 }
 
@@ -134,7 +142,6 @@ CE_EXPORT ce_status ce_backward(ce_bundle *bundle, const ce_options *options,
                                 const ce_tensor *labels, const ce_tensor *lse,
                                 const ce_tensor *grad_loss,
                                 const ce_tensor *grad, void *stream) {
-  (void)stream;
   ce::LaunchRequest request;
   request.op = ce::KernelOp::Backward;
   request.options = options;
@@ -143,6 +150,7 @@ CE_EXPORT ce_status ce_backward(ce_bundle *bundle, const ce_options *options,
   request.lse = lse;
   request.gradLoss = grad_loss;
   request.grad = grad;
+  request.stream = stream;
   return runOp("ce_backward", bundle, request);
 }
 
@@ -151,7 +159,6 @@ CE_EXPORT ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
                              const ce_tensor *weights, const ce_tensor *loss,
                              const ce_tensor *lse, const ce_tensor *grad,
                              void *stream) {
-  (void)stream;
   ce::LaunchRequest request;
   request.op = ce::KernelOp::Fused;
   request.options = options;
@@ -161,7 +168,24 @@ CE_EXPORT ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
   request.loss = loss;
   request.lse = lse;
   request.grad = grad;
+  request.stream = stream;
   return runOp("ce_fused", bundle, request);
+}
+
+CE_EXPORT ce_status ce_check_label_status(ce_device_type device,
+                                          int32_t device_index, void *stream,
+                                          int32_t wait) {
+  return guarded("ce_check_label_status", [&] {
+    // A C caller may pass any int as the enum.
+    int32_t type;
+    static_assert(sizeof(type) == sizeof(device), "ce_device_type is an int");
+    std::memcpy(&type, &device, sizeof(type));
+    if (type != CE_DEVICE_HOST && type != CE_DEVICE_CUDA &&
+        type != CE_DEVICE_HIP)
+      return ce::Status::invalidArgument("invalid device type " +
+                                         std::to_string(type));
+    return ce::checkLabelStatus(device, device_index, stream, wait != 0);
+  });
 }
 
 CE_EXPORT const char *ce_last_error_message(void) {

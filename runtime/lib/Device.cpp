@@ -1,36 +1,81 @@
 //===- Device.cpp - Which device backends this runtime has ----------------===//
 //
-// Only the host backend exists so far. CUDA and HIP tensors are answered with
-// CE_ERROR_NO_DEVICE rather than with a fallback: copying device memory to
-// the host behind the caller's back would be slow and surprising.
+// Host tensors run on the host backend; CUDA and HIP tensors on the GPU
+// drivers, opened on first use. A device whose driver is missing is answered
+// with CE_ERROR_NO_DEVICE rather than with a fallback: copying device memory
+// to the host behind the caller's back would be slow and surprising.
 //
 //===----------------------------------------------------------------------===//
 
+#include "ce/runtime/Bundle.h"
+#include "ce/runtime/GpuDriver.h"
+#include "ce/runtime/LabelStatusTracker.h"
 #include "ce/runtime/Launch.h"
 
 #include <string>
 
 namespace ce {
 
-Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex) {
+GpuDriver &cudaDriver();
+GpuDriver &hipDriver();
+
+GpuDriver *GpuDriver::forDevice(ce_device_type device) {
   switch (device) {
-  case CE_DEVICE_HOST:
-    return Status::ok();
   case CE_DEVICE_CUDA:
-  case CE_DEVICE_HIP: {
-    std::string name = device == CE_DEVICE_CUDA ? "CUDA" : "HIP";
-    return Status::error(
-        CE_ERROR_NO_DEVICE,
-        "no " + name +
-            " device backend available on this machine: tensors "
-            "are on " +
-            name + " device " + std::to_string(deviceIndex) +
-            ", but this runtime has only the host backend (CE_DEVICE_HOST); "
-            "GPU backends are not implemented yet");
+    return &cudaDriver();
+  case CE_DEVICE_HIP:
+    return &hipDriver();
+  case CE_DEVICE_HOST:
+    break;
   }
+  return nullptr;
+}
+
+Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex) {
+  if (device == CE_DEVICE_HOST)
+    return Status::ok();
+  GpuDriver *driver = GpuDriver::forDevice(device);
+  if (!driver)
+    return Status::invalidArgument("invalid device type " +
+                                   std::to_string(static_cast<int>(device)));
+  Status status = driver->available();
+  if (status.isOk())
+    status = driver->checkDevice(deviceIndex);
+  if (!status.isOk())
+    return Status::error(status.code(),
+                         status.message() + "; the tensors are on " +
+                             driver->apiName() + " device " +
+                             std::to_string(deviceIndex));
+  return Status::ok();
+}
+
+Status deviceTarget(ce_device_type device, int32_t deviceIndex,
+                    std::string &target, std::string &description) {
+  if (Status status = checkDeviceAvailable(device, deviceIndex);
+      !status.isOk())
+    return status;
+  if (device == CE_DEVICE_HOST) {
+    target = kHostTarget;
+    description.clear();
+    return Status::ok();
   }
-  return Status::invalidArgument("invalid device type " +
-                                 std::to_string(static_cast<int>(device)));
+  return GpuDriver::forDevice(device)->deviceTarget(deviceIndex, target,
+                                                    description);
+}
+
+Status checkLabelStatus(ce_device_type device, int32_t deviceIndex,
+                        void *stream, bool wait) {
+  // Host launches report at the call; nothing is ever pending there.
+  if (device == CE_DEVICE_HOST)
+    return Status::ok();
+  if (Status status = checkDeviceAvailable(device, deviceIndex);
+      !status.isOk())
+    return status;
+  GpuDriver &driver = *GpuDriver::forDevice(device);
+  DeviceScope scope;
+  if (Status status = driver.enter(deviceIndex, scope); !status.isOk())
+    return status;
+  return LabelStatusTracker::global().check(driver, deviceIndex, stream, wait);
 }
 
 } // namespace ce

@@ -8,6 +8,8 @@
 
 #include "ce/runtime/KernelCache.h"
 
+#include <vector>
+
 namespace ce {
 
 KernelCache &KernelCache::global() {
@@ -19,7 +21,7 @@ KernelCache &KernelCache::global() {
 
 Status KernelCache::getOrLoad(const KernelCacheKey &key, const Loader &load,
                               LoadedKernel &kernel) {
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::recursive_mutex> lock(mutex);
   auto found = entries.find(key);
   if (found != entries.end()) {
     kernel = found->second;
@@ -33,15 +35,41 @@ Status KernelCache::getOrLoad(const KernelCacheKey &key, const Loader &load,
   return Status::ok();
 }
 
+Status KernelCache::getOrLoadModule(const ModuleCacheKey &key,
+                                    const ModuleLoader &load,
+                                    LoadedModule &module) {
+  std::lock_guard<std::recursive_mutex> lock(mutex);
+  auto found = modules.find(key);
+  if (found != modules.end()) {
+    module = found->second;
+    return Status::ok();
+  }
+  LoadedModule loaded;
+  if (Status status = load(loaded); !status.isOk())
+    return status;
+  modules.emplace(key, loaded);
+  module = loaded;
+  return Status::ok();
+}
+
 void KernelCache::evictBundle(uint64_t bundleId) {
-  std::lock_guard<std::mutex> lock(mutex);
-  auto first = entries.lower_bound(KernelCacheKey{bundleId, "", {}, 0});
-  auto last = entries.lower_bound(KernelCacheKey{bundleId + 1, "", {}, 0});
+  std::lock_guard<std::recursive_mutex> lock(mutex);
+  auto first = entries.lower_bound(KernelCacheKey{bundleId, "", {}, 0, 0});
+  auto last = entries.lower_bound(KernelCacheKey{bundleId + 1, "", {}, 0, 0});
   entries.erase(first, last);
+  auto firstModule =
+      modules.lower_bound(ModuleCacheKey{bundleId, "", {}, 0, 0});
+  auto lastModule =
+      modules.lower_bound(ModuleCacheKey{bundleId + 1, "", {}, 0, 0});
+  for (auto it = firstModule; it != lastModule; ++it)
+    if (it->second.driver)
+      it->second.driver->unloadModule(it->first.deviceIndex,
+                                      it->first.context, it->second.module);
+  modules.erase(firstModule, lastModule);
 }
 
 size_t KernelCache::size() const {
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::recursive_mutex> lock(mutex);
   return entries.size();
 }
 

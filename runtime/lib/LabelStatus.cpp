@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Launch.h"
+#include "ce/runtime/LabelStatus.h"
 
 #include <cstring>
 #include <string>
@@ -15,22 +15,6 @@
 namespace ce {
 
 namespace {
-
-/// Reads the label at token index (first, second) of the token shape.
-int64_t readLabel(const ce_tensor &labels, int64_t first, int64_t second) {
-  int64_t offset = first * labels.strides[0];
-  if (labels.ndim == 2)
-    offset += second * labels.strides[1];
-  const char *base = static_cast<const char *>(labels.data);
-  if (labels.dtype == CE_DTYPE_I32) {
-    int32_t value;
-    std::memcpy(&value, base + offset * 4, sizeof(value));
-    return value;
-  }
-  int64_t value;
-  std::memcpy(&value, base + offset * 8, sizeof(value));
-  return value;
-}
 
 /// What the kernel wrote for the bad token, per the bundle contract.
 const char *poisoned(KernelOp op) {
@@ -47,52 +31,100 @@ const char *poisoned(KernelOp op) {
 
 } // namespace
 
-Status labelStatusError(int64_t status, const LaunchPlan &plan) {
-  if (status < 1 || status > plan.numTokens)
+LabelContext labelContext(const LaunchPlan &plan) {
+  LabelContext context;
+  context.variant = plan.variant;
+  context.numTokens = plan.numTokens;
+  context.vocabSize = plan.vocabSize;
+  context.tokenRank = plan.tokenRank;
+  context.tokenSizes[0] = plan.tokenSizes[0];
+  context.tokenSizes[1] = plan.tokenSizes[1];
+  context.labels = plan.tensor(ArgRole::Labels);
+  return context;
+}
+
+bool readHostLabel(const ce_tensor &labels, int64_t elementOffset,
+                   int64_t &label, std::string &reason) {
+  (void)reason;
+  const char *base = static_cast<const char *>(labels.data);
+  if (labels.dtype == CE_DTYPE_I32) {
+    int32_t value;
+    std::memcpy(&value, base + elementOffset * 4, sizeof(value));
+    label = value;
+    return true;
+  }
+  std::memcpy(&label, base + elementOffset * 8, sizeof(label));
+  return true;
+}
+
+Status labelStatusError(int64_t status, const LabelContext &context,
+                        const LabelReader &read, bool deferred) {
+  if (status < 1 || status > context.numTokens)
     return Status::error(CE_ERROR_BACKEND,
                          "the kernel returned status " +
                              std::to_string(status) +
                              ", which names no token (expected 0 or 1.." +
-                             std::to_string(plan.numTokens) + ")");
+                             std::to_string(context.numTokens) + ")");
   int64_t token = status - 1;
   int64_t first = token, second = 0;
   std::string where;
-  switch (plan.variant.layout) {
+  switch (context.variant.layout) {
   case LabelLayout::Flat:
     where = "n=" + std::to_string(token);
     break;
   case LabelLayout::SbvBs:
-    first = token / plan.tokenSizes[1];
-    second = token % plan.tokenSizes[1];
+    first = token / context.tokenSizes[1];
+    second = token % context.tokenSizes[1];
     where = "b=" + std::to_string(first) + ", s=" + std::to_string(second);
     break;
   case LabelLayout::SbvSb:
-    first = token / plan.tokenSizes[1];
-    second = token % plan.tokenSizes[1];
+    first = token / context.tokenSizes[1];
+    second = token % context.tokenSizes[1];
     where = "s=" + std::to_string(first) + ", b=" + std::to_string(second);
     break;
   }
-  const ce_tensor &labels = plan.tensor(ArgRole::Labels);
-  int64_t label = readLabel(labels, first, second);
-  std::string range = "[0, " + std::to_string(plan.vocabSize) + ")";
-  std::string ignore = plan.variant.ignoreIndex
+  const ce_tensor &labels = context.labels;
+  int64_t offset = first * labels.strides[0];
+  if (labels.ndim == 2)
+    offset += second * labels.strides[1];
+  std::string range = "[0, " + std::to_string(context.vocabSize) + ")";
+  std::string ignore = context.variant.ignoreIndex
                            ? "is not the ignore_index " +
-                                 std::to_string(*plan.variant.ignoreIndex)
+                                 std::to_string(*context.variant.ignoreIndex)
                            : "no ignore_index is set";
-  bool inRange = label >= 0 && label < plan.vocabSize;
-  bool ignored = plan.variant.ignoreIndex && label == *plan.variant.ignoreIndex;
-  if (inRange || ignored)
+  std::string at = "token " + std::to_string(token) + " (" + where + ")";
+  int64_t label = 0;
+  std::string reason;
+  if (!read(labels, offset, label, reason))
+    return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
+                         "label out of range at " + at +
+                             ": its label is not in " + range + " and " +
+                             ignore + " (the label can no longer be read: " +
+                             reason + "); " + poisoned(context.variant.op));
+  bool inRange = label >= 0 && label < context.vocabSize;
+  bool ignored =
+      context.variant.ignoreIndex && label == *context.variant.ignoreIndex;
+  if (inRange || ignored) {
+    if (deferred)
+      return Status::error(
+          CE_ERROR_LABEL_OUT_OF_RANGE,
+          "label out of range at " + at + ": its label was not in " + range +
+              " and " + ignore + " when the kernel ran (it now reads " +
+              std::to_string(label) +
+              ": the labels changed after the launch); " +
+              poisoned(context.variant.op));
     return Status::error(
         CE_ERROR_BACKEND,
-        "the kernel reported token " + std::to_string(token) + " (" + where +
-            ") as having a bad label, but its "
+        "the kernel reported " + at +
+            " as having a bad label, but its "
             "label " +
             std::to_string(label) + " is valid (in " + range + " or ignored)");
+  }
   return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
-                       "label out of range at token " + std::to_string(token) +
-                           " (" + where + "): label " + std::to_string(label) +
-                           " is not in " + range + " and " + ignore + "; " +
-                           poisoned(plan.variant.op));
+                       "label out of range at " + at + ": label " +
+                           std::to_string(label) + " is not in " + range +
+                           " and " + ignore + "; " +
+                           poisoned(context.variant.op));
 }
 
 } // namespace ce

@@ -1,17 +1,19 @@
 //===- Launch.cpp - From a C API call to a kernel launch ------------------===//
 //
 // The order matters: everything about the request is checked before the
-// device, the device before the variant, and all of it before a launch, so
-// that a bad call never reaches a kernel and a missing variant is reported
-// even for an empty batch.
+// device, the device (and its target: "host", "sm_90", "gfx942") before the
+// variant, and all of it before a launch, so that a bad call never reaches a
+// kernel and a missing variant is reported even for an empty batch.
 //
 //===----------------------------------------------------------------------===//
 
 #include "ce/runtime/Launch.h"
 #include "ce/runtime/HostBackend.h"
 #include "ce/runtime/KernelCache.h"
+#include "ce/runtime/LabelStatus.h"
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -60,24 +62,46 @@ int keyDistance(const std::string &a, const std::string &b) {
 
 } // namespace
 
-Status variantNotFoundError(const Bundle &bundle, const char *target,
-                            const LaunchPlan &plan) {
+Status variantNotFoundError(const Bundle &bundle, const std::string &target,
+                            const LaunchPlan &plan,
+                            const std::string &deviceDescription) {
   std::string key = plan.variant.str();
   std::string message = "kernel variant not found in bundle '" +
-                        bundle.directory() + "' for target " + target + ": \"" +
-                        key +
-                        "\"; generate it with `ce-gen --target=" + target +
-                        " -o DIR " + ceGenOptions(plan.variant) +
+                        bundle.directory() + "' for target " + target +
+                        (deviceDescription.empty()
+                             ? std::string()
+                             : " (" + deviceDescription + ")") +
+                        ": \"" + key + "\"; generate it with `ce-gen --target=" +
+                        target + " -o DIR " + ceGenOptions(plan.variant) +
                         "` (or add these values to the option lists the "
                         "bundle was generated with)";
+  // Which targets the bundle has at all, and which of them have this key.
+  std::set<std::string> targets, targetsWithKey;
+  for (const KernelInfo &kernel : bundle.kernels()) {
+    targets.insert(kernel.target);
+    if (kernel.key == key)
+      targetsWithKey.insert(kernel.target);
+  }
+  auto join = [](const std::set<std::string> &names) {
+    std::string text;
+    for (const std::string &name : names)
+      text += (text.empty() ? "" : ", ") + name;
+    return text;
+  };
+  if (!targets.count(target))
+    return Status::error(
+        CE_ERROR_VARIANT_NOT_FOUND,
+        message + " (the bundle has no " + target + " kernels; it has " +
+            (targets.empty() ? std::string("no kernels")
+                             : "kernels for targets " + join(targets)) +
+            (targetsWithKey.empty()
+                 ? std::string()
+                 : ", this variant for " + join(targetsWithKey)) +
+            ")");
   std::vector<std::pair<int, const std::string *>> candidates;
   for (const KernelInfo &kernel : bundle.kernels())
     if (kernel.target == target)
       candidates.push_back({keyDistance(kernel.key, key), &kernel.key});
-  if (candidates.empty())
-    return Status::error(CE_ERROR_VARIANT_NOT_FOUND,
-                         message + " (the bundle has no " + target +
-                             " kernels)");
   std::stable_sort(
       candidates.begin(), candidates.end(),
       [](const auto &a, const auto &b) { return a.first < b.first; });
@@ -85,6 +109,8 @@ Status variantNotFoundError(const Bundle &bundle, const char *target,
              target + " kernels; nearest:";
   for (size_t i = 0; i < candidates.size() && i < 3; ++i)
     message += (i ? ", \"" : " \"") + *candidates[i].second + "\"";
+  if (!targetsWithKey.empty())
+    message += "; this variant exists for " + join(targetsWithKey);
   return Status::error(CE_ERROR_VARIANT_NOT_FOUND, message + ")");
 }
 
@@ -92,16 +118,24 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
   LaunchPlan plan;
   if (Status status = validateLaunch(request, plan); !status.isOk())
     return status;
-  if (Status status = checkDeviceAvailable(plan.device, plan.deviceIndex);
+  std::string target, description;
+  if (Status status =
+          deviceTarget(plan.device, plan.deviceIndex, target, description);
       !status.isOk())
     return status;
 
-  const KernelInfo *info = bundle.findKernel(kHostTarget, plan.variant.str());
+  const KernelInfo *info = bundle.findKernel(target, plan.variant.str());
   if (!info)
-    return variantNotFoundError(bundle, kHostTarget, plan);
+    return variantNotFoundError(bundle, target, plan, description);
+  if (plan.device != CE_DEVICE_HOST) {
+    if (plan.numTokens == 0)
+      return Status::ok();
+    return launchGpuKernel(bundle, *info, plan, request.stream);
+  }
+
   LoadedKernel kernel;
   KernelCacheKey cacheKey{bundle.id(), info->key, plan.device,
-                          plan.deviceIndex};
+                          plan.deviceIndex, 0};
   if (Status status = KernelCache::global().getOrLoad(
           cacheKey,
           [&](LoadedKernel &loaded) {
@@ -125,7 +159,8 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
       !status.isOk())
     return status;
   if (labelStatus != 0)
-    return labelStatusError(labelStatus, plan);
+    return labelStatusError(labelStatus, labelContext(plan), readHostLabel,
+                            /*deferred=*/false);
   return Status::ok();
 }
 

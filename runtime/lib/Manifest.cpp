@@ -37,6 +37,25 @@ const char *stringify(ArgRole role) {
   return "?";
 }
 
+bool isCudaTarget(std::string_view target) {
+  if (target.size() < 4 || target.substr(0, 3) != "sm_")
+    return false;
+  std::string_view digits = target.substr(3);
+  if (digits.back() == 'a')
+    digits.remove_suffix(1);
+  return !digits.empty() &&
+         std::all_of(digits.begin(), digits.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+bool isHipTarget(std::string_view target) {
+  if (target.size() < 4 || target.substr(0, 3) != "gfx")
+    return false;
+  return std::all_of(target.begin() + 3, target.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
 std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
   switch (variant.op) {
   case KernelOp::Forward:
@@ -327,6 +346,21 @@ Status ManifestReader::readKernel(const json::Value &value,
                      name + ": host object \"" + object->file +
                          "\" has kind \"" + object->kind +
                          "\", expected \"shared-object\"");
+  } else if (isCudaTarget(kernel.target) || isHipTarget(kernel.target)) {
+    if (kernel.abi != kMemrefDescriptorFieldsAbi)
+      return errorAt(*value.get("abi"),
+                     name + ": unknown abi \"" + kernel.abi + "\" for " +
+                         kernel.target + " (expected \"" +
+                         kMemrefDescriptorFieldsAbi + "\")");
+    bool cuda = isCudaTarget(kernel.target);
+    bool kindOk = cuda ? object->kind == "ptx" || object->kind == "cubin"
+                       : object->kind == "hsaco";
+    if (!kindOk)
+      return errorAt(*value.get("object"),
+                     name + ": " + kernel.target + " object \"" +
+                         object->file + "\" has kind \"" + object->kind +
+                         "\", expected " +
+                         (cuda ? "\"ptx\" or \"cubin\"" : "\"hsaco\""));
   }
 
   const json::Value *args;
@@ -407,6 +441,20 @@ Status ManifestReader::readLaunch(const json::Value &kernelValue,
             requireInteger(*launch, launchWhere, key, 0, maxValue, *out);
         !status.isOk())
       return status;
+  if (isCudaTarget(kernel.target) || isHipTarget(kernel.target)) {
+    // What a launch needs: a block of at most 1024 threads over at least one
+    // row. Device limits beyond these are the driver's to enforce.
+    if (kernel.launch.blockSize < 1 || kernel.launch.blockSize > 1024)
+      return errorAt(*launch->get("block_size"),
+                     "\"" + launchWhere +
+                         ".block_size\" must be in [1, 1024] for a GPU "
+                         "kernel");
+    if (kernel.launch.rowsPerBlock < 1)
+      return errorAt(*launch->get("rows_per_block"),
+                     "\"" + launchWhere +
+                         ".rows_per_block\" must be at least 1 for a GPU "
+                         "kernel");
+  }
   return Status::ok();
 }
 

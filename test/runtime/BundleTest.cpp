@@ -359,7 +359,7 @@ TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
   std::string manifest = R"({"format": "cegen-bundle", "version": 1,
     "objects": [{"file": "gfx942.hsaco", "target": "gfx942", "kind": "hsaco"}],
     "kernels": [{"key": "KEY", "target": "gfx942", "object": "gfx942.hsaco",
-                 "symbol": "k", "abi": "hip-kernel-args", "args": ARGS}]})";
+                 "symbol": "k", "abi": "memref-descriptor-fields", "args": ARGS}]})";
   std::string args = "[";
   for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
     args += (args.size() > 1 ? ", " : "") +
@@ -378,7 +378,85 @@ TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
   ASSERT_EQ(ce_bundle_open(writeBundle(dir, manifest).c_str(), &bundle), CE_OK)
       << ce_last_error_message();
   EXPECT_EQ(ce_bundle_num_kernels(bundle), 1);
+  EXPECT_STREQ(ce_bundle_kernel_target(bundle, 0), "gfx942");
+  EXPECT_EQ(ce_bundle_kernel_target(bundle, 1), nullptr);
+  EXPECT_EQ(ce_bundle_kernel_target(nullptr, 0), nullptr);
   ce_bundle_close(bundle);
+}
+
+/// A one-kernel GPU manifest for `target` with the given object kind, abi
+/// and launch shape.
+std::string gpuManifest(const std::string &target, const std::string &file,
+                        const std::string &kind, const std::string &abi,
+                        const std::string &launch) {
+  std::string args = "[";
+  for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
+    args += (args.size() > 1 ? ", " : "") +
+            ("{\"role\": \"" + role + "\", \"rank\": " + std::to_string(rank) +
+             ", \"dtype\": \"" + dtype + "\"}");
+  args += "]";
+  return R"({"format": "cegen-bundle", "version": 1, "objects": [{"file": ")" +
+         file + R"(", "target": ")" + target + R"(", "kind": ")" + kind +
+         R"("}], "kernels": [{"key": ")" + forwardKey().str() +
+         R"(", "target": ")" + target + R"(", "object": ")" + file +
+         R"(", "symbol": "ce_forward_0", "abi": ")" + abi +
+         R"(", "launch": )" + launch + R"(, "args": )" + args + "}]}";
+}
+
+TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
+  TempDir dir;
+  dir.write("sm_90.ptx", "// PTX");
+  dir.write("gfx90a.hsaco", "code object");
+  const std::string fields = "memref-descriptor-fields";
+  const std::string shape =
+      R"({"block_size": 1024, "rows_per_block": 1, "lds_bytes": 0})";
+  for (auto [target, file, kind] :
+       {std::tuple{"sm_90", "sm_90.ptx", "ptx"},
+        std::tuple{"sm_90", "sm_90.ptx", "cubin"},
+        std::tuple{"sm_90a", "sm_90.ptx", "ptx"},
+        std::tuple{"gfx90a", "gfx90a.hsaco", "hsaco"}}) {
+    SCOPED_TRACE(std::string(target) + " " + kind);
+    ce_bundle *bundle = nullptr;
+    ASSERT_EQ(ce_bundle_open(
+                  writeBundle(dir, gpuManifest(target, file, kind, fields,
+                                               shape))
+                      .c_str(),
+                  &bundle),
+              CE_OK)
+        << ce_last_error_message();
+    EXPECT_STREQ(ce_bundle_kernel_target(bundle, 0), target);
+    ce_bundle_close(bundle);
+  }
+  struct Case {
+    std::string manifest, message;
+  };
+  std::vector<Case> cases = {
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", "memref-descriptor-pointers",
+                   shape),
+       "unknown abi \"memref-descriptor-pointers\" for sm_90 (expected "
+       "\"memref-descriptor-fields\")"},
+      {gpuManifest("sm_90", "sm_90.ptx", "hsaco", fields, shape),
+       "sm_90 object \"sm_90.ptx\" has kind \"hsaco\", expected \"ptx\" or "
+       "\"cubin\""},
+      {gpuManifest("gfx90a", "gfx90a.hsaco", "ptx", fields, shape),
+       "expected \"hsaco\""},
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
+                   R"({"block_size": 0, "rows_per_block": 1, "lds_bytes": 0})"),
+       "block_size\" must be in [1, 1024] for a GPU kernel"},
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
+                   R"({"block_size": 2048, "rows_per_block": 1, "lds_bytes": 0})"),
+       "block_size\" must be in [1, 1024] for a GPU kernel"},
+      {gpuManifest("gfx90a", "gfx90a.hsaco", "hsaco", fields,
+                   R"({"block_size": 256, "rows_per_block": 0, "lds_bytes": 0})"),
+       "rows_per_block\" must be at least 1 for a GPU kernel"},
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
+                   R"({"block_size": 256, "rows_per_block": 1})"),
+       "missing required key \"kernels[0].launch.lds_bytes\""},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.message);
+    EXPECT_THAT(openFails(writeBundle(dir, c.manifest)), HasSubstr(c.message));
+  }
 }
 
 TEST(VariantKey, ParsesOnlyCanonicalKeys) {

@@ -54,6 +54,9 @@ public:
   /// kernels of other targets.
   void *hostEntry(const KernelInfo &kernel) const;
 
+  /// The path of an object file of this bundle (`ObjectInfo::file`).
+  std::string objectPath(const std::string &file) const;
+
 private:
   Bundle() = default;
 

@@ -15,6 +15,7 @@
 #include "ce/runtime/Validation.h"
 
 #include <cstdint>
+#include <string>
 
 namespace ce {
 
@@ -23,18 +24,32 @@ namespace ce {
 Status launch(const Bundle &bundle, const LaunchRequest &request);
 
 /// CE_OK if kernels can run on `device` in this process, else
-/// CE_ERROR_NO_DEVICE saying why.
+/// CE_ERROR_NO_DEVICE saying why ("no CUDA device: ...").
 Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex);
 
-/// The error for a kernel's non-zero status word `status` (1 + the linear
-/// index of a token whose label is out of range): names the token, its
-/// coordinates in the token shape, its label and the valid range.
-Status labelStatusError(int64_t status, const LaunchPlan &plan);
+/// The error for a variant `bundle` lacks for `target`: the requested key,
+/// how to make it with ce-gen, the nearest keys the bundle has for that
+/// target and the targets it has the key for. `deviceDescription` names the
+/// device that asked ("CUDA device 0 (compute capability 9.0)"), or is empty.
+Status variantNotFoundError(const Bundle &bundle, const std::string &target,
+                            const LaunchPlan &plan,
+                            const std::string &deviceDescription = "");
 
-/// The error for a variant `bundle` lacks: the requested key, how to make
-/// it with ce-gen, and the nearest keys the bundle has.
-Status variantNotFoundError(const Bundle &bundle, const char *target,
-                            const LaunchPlan &plan);
+/// The bundle target of a device ("host", "sm_90", "gfx942") and, for GPUs,
+/// a description for messages. Fails like checkDeviceAvailable.
+Status deviceTarget(ce_device_type device, int32_t deviceIndex,
+                    std::string &target, std::string &description);
+
+/// Enqueues `kernel`, the variant of a validated plan with at least one
+/// token for its GPU device's target, on `stream`: loads it through the
+/// kernel cache (a module once per code object, device and context) and
+/// passes a status word from the LabelStatusTracker. Never synchronizes.
+Status launchGpuKernel(const Bundle &bundle, const KernelInfo &kernel,
+                       const LaunchPlan &plan, void *stream);
+
+/// ce_check_label_status.
+Status checkLabelStatus(ce_device_type device, int32_t deviceIndex,
+                        void *stream, bool wait);
 
 } // namespace ce
 

@@ -21,9 +21,17 @@ namespace ce {
 
 /// The `format` string every manifest carries.
 inline constexpr const char *kBundleFormatName = "cegen-bundle";
-/// The only ABI version 1 defines.
+/// The host kernels' ABI: one pointer to a memref descriptor per argument.
 inline constexpr const char *kMemrefDescriptorAbi =
     "memref-descriptor-pointers";
+/// The GPU kernels' ABI: every descriptor field is a kernel parameter.
+inline constexpr const char *kMemrefDescriptorFieldsAbi =
+    "memref-descriptor-fields";
+
+/// Whether `target` names an NVIDIA GPU ("sm_90", "sm_90a").
+bool isCudaTarget(std::string_view target);
+/// Whether `target` names an AMD GPU ("gfx942", "gfx90a").
+bool isHipTarget(std::string_view target);
 
 /// What a kernel argument holds (the `role` of an `args` entry).
 enum class ArgRole {

@@ -34,6 +34,8 @@ struct LaunchRequest {
   const ce_tensor *gradLoss = nullptr;
   const ce_tensor *weights = nullptr;
   const ce_tensor *grad = nullptr;
+  /// The caller's stream (CUstream / hipStream_t); ignored on the host.
+  void *stream = nullptr;
 };
 
 /// A validated request.

@@ -9,10 +9,19 @@
  *
  * Validation rules, error codes, the label-status design and thread safety:
  * docs/runtime.md. In short: any number of threads may launch at once, on
- * one bundle or several; `options` may be NULL (the defaults); `stream` is
- * ignored by the host backend, whose kernels have finished when a call
- * returns; CE_DEVICE_CUDA/CE_DEVICE_HIP tensors get CE_ERROR_NO_DEVICE until
- * the GPU backends exist.
+ * one bundle or several; `options` may be NULL (the defaults).
+ *
+ * Devices: tensors say where they live (ce_tensor.device, device_index);
+ * all tensors of a call share one device. Host kernels run on the calling
+ * thread and have finished when a call returns; `stream` is ignored.
+ * CE_DEVICE_CUDA tensors run through the CUDA driver API and CE_DEVICE_HIP
+ * tensors through HIP, both opened with dlopen on first use; a machine
+ * without the driver or device answers CE_ERROR_NO_DEVICE. GPU calls enqueue
+ * the kernel on `stream` (a CUstream / hipStream_t; NULL is the default
+ * stream) in the context current on the calling thread when it belongs to
+ * the tensors' device, else in that device's primary context, and return
+ * without synchronizing (so they can be captured into a CUDA graph). Their
+ * out-of-range labels are reported later, by ce_check_label_status.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -88,9 +97,11 @@ void ce_options_init(ce_options *options);
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);
 void ce_bundle_close(ce_bundle *bundle);
 
-/* Number of kernels in the bundle, and the variant key of one of them. */
+/* Number of kernels in the bundle, and the variant key and target ("host",
+ * "sm_90", "gfx942", ...) of one of them. */
 int64_t ce_bundle_num_kernels(const ce_bundle *bundle);
 const char *ce_bundle_kernel_key(const ce_bundle *bundle, int64_t index);
+const char *ce_bundle_kernel_target(const ce_bundle *bundle, int64_t index);
 
 /* Per-token loss and log-sum-exp. `loss` and `lse` have the labels' shape. */
 ce_status ce_forward(ce_bundle *bundle, const ce_options *options,
@@ -112,6 +123,16 @@ ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
                    const ce_tensor *logits, const ce_tensor *labels,
                    const ce_tensor *weights, const ce_tensor *loss,
                    const ce_tensor *lse, const ce_tensor *grad, void *stream);
+
+/* Out-of-range labels met by GPU kernels launched on `stream` of the given
+ * device (or captured into a graph on that device) since the last check.
+ * With `wait` non-zero, synchronizes `stream` first, so every such launch is
+ * seen; with `wait` 0, never blocks and sees the kernels that have finished.
+ * Returns CE_ERROR_LABEL_OUT_OF_RANGE naming the first unreported launch,
+ * token and label (each report is made once), CE_OK otherwise. Host
+ * launches report at the call, so CE_DEVICE_HOST always gets CE_OK. */
+ce_status ce_check_label_status(ce_device_type device, int32_t device_index,
+                                void *stream, int32_t wait);
 
 const char *ce_last_error_message(void);
 const char *ce_status_string(ce_status status);
