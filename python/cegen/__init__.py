@@ -13,6 +13,10 @@ Kernels come from bundles written by ``ce-gen``: bundles made ahead of time
 a subprocess into the on-disk cache (``cegen.configure(cache_dir=...)``, default
 ``~/.cache/cegen``). The runtime library ``libce_runtime.so`` is found next to the
 package or in the build tree, or set with :func:`set_runtime_library`.
+
+CUDA tensors run GPU kernels (``ce-gen --target=sm_90`` on an H100/H200) on the current
+stream without synchronizing; a label out of range there is reported by a later call or by
+:func:`check_labels` (see ``cegen._kernels``).
 """
 
 from ._bundle_cache import find_ce_gen
@@ -26,6 +30,7 @@ from ._errors import (
     RuntimeLibraryError,
     VariantNotFoundError,
 )
+from ._kernels import check_labels
 from ._library import HAS_CUSTOM_OP
 from ._ownership import OverwriteRefusedWarning, reset_overwrite_warnings
 from ._runtime import Bundle, get_runtime, runtime_available
@@ -36,6 +41,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "cross_entropy",
+    "check_labels",
     "configure",
     "get_config",
     "Config",

@@ -1,6 +1,7 @@
 """Finds the bundle that holds a kernel variant, building it with ``ce-gen`` on a miss.
 
-Lookup order for a :class:`VariantKey`:
+Lookup order for a :class:`VariantKey` and a target (``host`` for CPU tensors, ``sm_90``
+for a CUDA device of compute capability 9.0, ``gfx942`` for an MI300X, ...):
 
 1. the bundle the caller named (``bundle=``): only that one, a missing variant is an error;
 2. bundles opened earlier in this process;
@@ -139,26 +140,31 @@ def _build(key: VariantKey, ce_gen: Path, target: str, entry: Path, timeout_s: f
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _variant_missing(key: VariantKey, where: str, keys: List[str]) -> VariantNotFoundError:
-    shown = "\n  ".join(keys[:20]) or "(no kernels)"
+def _variant_missing(key: VariantKey, target: str, bundle: Bundle) -> VariantNotFoundError:
+    keys = bundle.keys(target)
+    shown = "\n  ".join(keys[:20]) or "(none)"
     more = f"\n  ... and {len(keys) - 20} more" if len(keys) > 20 else ""
+    elsewhere = [t for t in bundle.targets() if t != target and bundle.has(key, t)]
+    also = f"\n(it holds this variant for {', '.join(elsewhere)})" if elsewhere else ""
     return VariantNotFoundError(
-        f"{where} holds no kernel for variant\n  {key}\nit holds:\n  {shown}{more}\n"
-        f"build one with: ce-gen --target=host -o DIR {' '.join(key.ce_gen_options())}"
+        f"the bundle {bundle.path} holds no {target} kernel for variant\n  {key}\n"
+        f"its {target} kernels:\n  {shown}{more}{also}\n"
+        f"build one with: ce-gen --target={target} -o DIR {' '.join(key.ce_gen_options())}"
     )
 
 
 def bundle_for(key: VariantKey, bundle: Optional[BundleLike] = None, target: str = "host") -> Bundle:
-    """The open bundle that holds ``key`` (see the module docstring for the order)."""
+    """The open bundle that holds ``key`` for ``target`` (the module docstring says where
+    it is looked for)."""
     if isinstance(bundle, Bundle):
-        if str(key) not in bundle:
-            raise _variant_missing(key, f"the bundle {bundle.path}", bundle.keys())
+        if not bundle.has(key, target):
+            raise _variant_missing(key, target, bundle)
         return bundle
     with _lock:
         if bundle is not None:
             opened = _open_dir(Path(bundle))
-            if str(key) not in opened:
-                raise _variant_missing(key, f"the bundle {opened.path}", opened.keys())
+            if not opened.has(key, target):
+                raise _variant_missing(key, target, opened)
             return opened
 
         memo = (str(key), target)
@@ -170,7 +176,7 @@ def bundle_for(key: VariantKey, bundle: Optional[BundleLike] = None, target: str
             if not (Path(directory).expanduser() / "manifest.json").is_file():
                 raise BundleError(f"configured bundle directory {directory} has no manifest.json")
             opened = _open_dir(Path(directory))
-            if str(key) in opened:
+            if opened.has(key, target):
                 _by_key[memo] = opened
                 return opened
 
@@ -178,22 +184,24 @@ def bundle_for(key: VariantKey, bundle: Optional[BundleLike] = None, target: str
         if ce_gen is None:
             looked = "\n  ".join(str(c) for c in _config.ce_gen_candidates(config))
             raise VariantNotFoundError(
-                f"no bundle holds variant {key} and ce-gen was not found to build it; looked at:"
+                f"no bundle holds variant {key} for {target} and ce-gen was not found to build "
+                f"it; looked at:"
                 f"\n  {looked}\nbuild ce-gen, pass bundle=, or cegen.configure(bundle_dirs=...)"
             )
         entry = cache_entry(key, ce_gen, target, config.resolved_cache_dir())
         if not (entry / "manifest.json").is_file():
             if not config.run_ce_gen:
                 raise VariantNotFoundError(
-                    f"variant {key} is not in the cache {entry} and running ce-gen is disabled "
+                    f"variant {key} for {target} is not in the cache {entry} and running ce-gen "
+                    "is disabled "
                     "(cegen.configure(run_ce_gen=False))"
                 )
             _build(key, ce_gen, target, entry, config.ce_gen_timeout_s)
         opened = _open_dir(entry)
-        if str(key) not in opened:
+        if not opened.has(key, target):
             raise CeGenToolError(
-                f"ce-gen built {entry} but it holds no kernel for variant {key}; "
-                f"it holds: {opened.keys()}"
+                f"ce-gen built {entry} but it holds no {target} kernel for variant {key}; "
+                f"it holds: {opened.kernels()}"
             )
         _by_key[memo] = opened
         return opened

@@ -4,13 +4,20 @@ Both the ``torch.library`` custom ops and the plain ``torch.autograd.Function`` 
 these functions. They validate shapes, dtypes, strides and devices with messages that
 name the offending argument, describe each tensor to the runtime as a strided view (no
 copies, stride-0 upstream gradients included), allocate the outputs and launch.
+
+Devices: CPU tensors run host kernels (target ``host``); CUDA tensors run GPU kernels for
+their device's target (``sm_90`` for compute capability 9.0; on a ROCm build of PyTorch,
+the device's ``gfx`` architecture) on ``torch.cuda.current_stream(device)``, without
+synchronizing. Out-of-range labels on a GPU are therefore reported lazily: each forward
+(and fused) call first polls, without blocking, for reports from kernels that already ran
+on its stream, and :func:`check_labels` waits for the stream and reports everything.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,6 +34,8 @@ __all__ = [
     "backward",
     "fused",
     "poison_outputs",
+    "device_target",
+    "check_labels",
 ]
 
 _LOGITS_DTYPES = {torch.bfloat16: ("bf16", DType.BF16), torch.float16: ("f16", DType.F16),
@@ -105,16 +114,41 @@ def _empty_like(tensor: torch.Tensor) -> torch.Tensor:
 # -- validation and description -----------------------------------------------------------
 
 
+def _gpu_device_type() -> int:
+    """The runtime's device type for torch's ``cuda`` tensors: HIP on a ROCm build."""
+    return Device.HIP if getattr(torch.version, "hip", None) else Device.CUDA
+
+
 def _device_of(tensor: torch.Tensor, name: str) -> Tuple[int, int]:
     device = tensor.device
     if device.type == "cpu":
         return Device.HOST, 0
     if device.type == "cuda":
-        raise InvalidInputError(
-            f"{name} is on {device}, but this cegen build launches host kernels only; "
-            "move the tensors to the CPU (GPU backends are not wired into the Python API yet)"
-        )
-    raise InvalidInputError(f"{name} is on device {device}; cegen runs on the CPU (host) only")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _gpu_device_type(), index
+    raise InvalidInputError(
+        f"{name} is on device {device}; cegen runs on the CPU and on CUDA/ROCm GPUs"
+    )
+
+
+_targets: Dict[Tuple[str, int], str] = {}
+
+
+def device_target(device: torch.device) -> str:
+    """The bundle target of ``device``: ``host``, ``sm_<major><minor>`` or ``gfx...``."""
+    if device.type == "cpu":
+        return "host"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    target = _targets.get((device.type, index))
+    if target is None:
+        if _gpu_device_type() == Device.HIP:
+            arch = getattr(torch.cuda.get_device_properties(index), "gcnArchName", "")
+            target = arch.split(":")[0]
+        else:
+            major, minor = torch.cuda.get_device_capability(index)
+            target = f"sm_{major}{minor}"
+        _targets[(device.type, index)] = target
+    return target
 
 
 def describe(tensor: torch.Tensor, name: str) -> TensorDesc:
@@ -218,7 +252,43 @@ def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOpt
 
 
 def _stream(device: torch.device) -> Optional[int]:
-    return None  # host kernels run synchronously on the calling thread
+    """The stream a launch goes on: the device's current stream, None on the host."""
+    if device.type == "cpu":
+        return None  # host kernels run synchronously on the calling thread
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _poll_labels(device: torch.device) -> None:
+    """Raises for bad labels that earlier GPU kernels on this stream reported; never
+    blocks (see :func:`check_labels`)."""
+    if device.type == "cpu":
+        return
+    kind, index = _device_of_device(device)
+    get_runtime().check_label_status(kind, index, _stream(device), wait=False)
+
+
+def _device_of_device(device: torch.device) -> Tuple[int, int]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_device_type(), index
+
+
+def check_labels(device: Optional[torch.device] = None, wait: bool = True) -> None:
+    """Reports labels out of range met by cegen's GPU kernels (CPU calls report at once).
+
+    Waits for the current stream of ``device`` (default: the current CUDA device) and
+    raises :class:`~cegen.LabelOutOfRangeError` naming the first launch since the last
+    check whose kernel met a label outside ``[0, V)`` that is not the ignore_index (the
+    token, its label, the variant); each report is made once. With ``wait=False`` it
+    never blocks and sees the kernels that have finished. Launches captured into a CUDA
+    graph report each replay that meets a bad label.
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type == "cpu":
+        return
+    kind, index = _device_of_device(device)
+    get_runtime().check_label_status(kind, index, _stream(device), wait=wait)
 
 
 # -- launches ------------------------------------------------------------------------------
@@ -233,7 +303,9 @@ def forward(logits: torch.Tensor, labels: torch.Tensor,
     if loss.numel() == 0:
         return loss, lse
     runtime = get_runtime()
-    bundle = _bundle_cache.bundle_for(_key("forward", logits, labels, options), options.bundle)
+    _poll_labels(logits.device)
+    bundle = _bundle_cache.bundle_for(_key("forward", logits, labels, options), options.bundle,
+                                      device_target(logits.device))
     runtime.forward(
         bundle, _runtime_options(options, False), describe(logits, "logits"),
         describe(labels, "labels"), describe(loss, "loss"), describe(lse, "lse"),
@@ -263,7 +335,7 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
         return grad
     runtime = get_runtime()
     key = _key("backward", logits, labels, options, overwrite=overwrite)
-    bundle = _bundle_cache.bundle_for(key, options.bundle)
+    bundle = _bundle_cache.bundle_for(key, options.bundle, device_target(logits.device))
     runtime.backward(
         bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
         describe(labels, "labels"), describe(lse, "lse"), describe(grad_loss, "grad_loss"),
@@ -298,7 +370,8 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         return loss, lse, grad
     runtime = get_runtime()
     key = _key("fused", logits, labels, options, overwrite=overwrite, weights=kind)
-    bundle = _bundle_cache.bundle_for(key, options.bundle)
+    _poll_labels(logits.device)
+    bundle = _bundle_cache.bundle_for(key, options.bundle, device_target(logits.device))
     runtime.fused(
         bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
         describe(labels, "labels"), describe(weights, "grad_weights"), describe(loss, "loss"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Type
+from typing import Dict, List, Optional, Sequence, Tuple, Type
 
 from . import _config
 from ._errors import (
@@ -155,12 +155,17 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ce_bundle_num_kernels.restype = ctypes.c_int64
     lib.ce_bundle_kernel_key.argtypes = [handle, ctypes.c_int64]
     lib.ce_bundle_kernel_key.restype = ctypes.c_char_p
+    lib.ce_bundle_kernel_target.argtypes = [handle, ctypes.c_int64]
+    lib.ce_bundle_kernel_target.restype = ctypes.c_char_p
     lib.ce_forward.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 4 + [ctypes.c_void_p]
     lib.ce_forward.restype = status
     lib.ce_backward.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 5 + [ctypes.c_void_p]
     lib.ce_backward.restype = status
     lib.ce_fused.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 6 + [ctypes.c_void_p]
     lib.ce_fused.restype = status
+    lib.ce_check_label_status.argtypes = [ctypes.c_int, ctypes.c_int32, ctypes.c_void_p,
+                                          ctypes.c_int32]
+    lib.ce_check_label_status.restype = status
     lib.ce_last_error_message.argtypes = []
     lib.ce_last_error_message.restype = ctypes.c_char_p
     lib.ce_status_string.argtypes = [status]
@@ -279,6 +284,17 @@ class Runtime:
         )
         self.check(status, "cegen fused forward+backward")
 
+    def check_label_status(self, device: int, device_index: int, stream: Optional[int],
+                           wait: bool) -> None:
+        """``ce_check_label_status``: raises :class:`LabelOutOfRangeError` for the first
+        unreported GPU launch on ``stream`` whose kernel met a bad label.
+
+        With ``wait`` the stream is synchronized first; without, the call never blocks and
+        sees the kernels that have finished.
+        """
+        status = self._lib.ce_check_label_status(device, device_index, stream, 1 if wait else 0)
+        self.check(status, "cegen label check")
+
 
 class Bundle:
     """An open kernel bundle; closed when garbage-collected or by :meth:`close`."""
@@ -287,19 +303,39 @@ class Bundle:
         self.runtime = runtime
         self.path = path
         self.handle = handle
-        self._keys: Optional[List[str]] = None
+        self._kernels: Optional[List[Tuple[str, str]]] = None
+        self._kernel_set: set = set()
 
-    def keys(self) -> List[str]:
-        """The variant keys of the kernels in this bundle, in manifest order."""
-        if self._keys is None:
+    def kernels(self) -> List[Tuple[str, str]]:
+        """(variant key, target) of every kernel in this bundle, in manifest order."""
+        if self._kernels is None:
             lib = self.runtime._lib
             count = lib.ce_bundle_num_kernels(self.handle)
-            keys = []
+            kernels = []
             for index in range(count):
                 key = lib.ce_bundle_kernel_key(self.handle, index)
-                keys.append(key.decode("utf-8", "replace") if key else "")
-            self._keys = keys
-        return list(self._keys)
+                target = lib.ce_bundle_kernel_target(self.handle, index)
+                kernels.append((key.decode("utf-8", "replace") if key else "",
+                                target.decode("utf-8", "replace") if target else ""))
+            self._kernels = kernels
+            self._kernel_set = set(kernels)
+        return list(self._kernels)
+
+    def keys(self, target: Optional[str] = None) -> List[str]:
+        """The variant keys of the kernels for ``target`` (all targets: None), in order."""
+        keys = [key for key, kernel_target in self.kernels()
+                if target is None or kernel_target == target]
+        return list(dict.fromkeys(keys))
+
+    def targets(self) -> List[str]:
+        """The targets this bundle has kernels for ("host", "sm_90", "gfx942", ...)."""
+        return list(dict.fromkeys(target for _, target in self.kernels()))
+
+    def has(self, key: object, target: str) -> bool:
+        """Whether the bundle holds variant ``key`` for ``target``."""
+        if self._kernels is None:
+            self.kernels()
+        return (str(key), target) in self._kernel_set
 
     def __contains__(self, key: object) -> bool:
         return str(key) in self.keys()

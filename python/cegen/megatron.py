@@ -21,7 +21,7 @@ and write the ``[B, S]`` loss directly. It runs cegen only when
 * the tensor-parallel size is 1 (the logits hold the whole vocabulary),
 * ``config.cross_entropy_loss_fusion`` is on (the user asked for a fused loss),
 * the logits are bf16/fp16/fp32 ``[S, B, V]`` with unit vocabulary stride, the labels
-  int64/int32 ``[B, S]``, on a device this build launches on (the CPU for now),
+  int64/int32 ``[B, S]``, on the CPU or a CUDA (or ROCm) GPU,
 * the runtime library can be loaded;
 
 every other case calls the original implementation unchanged and logs why, once per
@@ -201,7 +201,7 @@ def settings_from_args(args: Any = None) -> TurboCESettings:
 
 _SUPPORTED_LOGITS = (torch.bfloat16, torch.float16, torch.float32)
 _SUPPORTED_LABELS = (torch.int64, torch.int32)
-_SUPPORTED_DEVICES = ("cpu",)
+_SUPPORTED_DEVICES = ("cpu", "cuda")
 
 _logged: Set[str] = set()
 _logged_lock = threading.Lock()

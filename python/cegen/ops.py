@@ -225,7 +225,8 @@ def cross_entropy(
     """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
 
     Args:
-        logits: ``[N, V]`` or ``[S, B, V]`` (bfloat16, float16, float32) on the CPU; the
+        logits: ``[N, V]`` or ``[S, B, V]`` (bfloat16, float16, float32) on the CPU or a
+            CUDA device (kernels for its target, on its current stream); the
             vocabulary dimension must have stride 1, the others may be anything (a
             transposed ``[B, S, V]`` tensor passes as ``logits.transpose(0, 1)``).
         labels: int64 or int32; ``[N]``, or for 3-D logits ``[B, S]`` (``label_layout="bs"``,
@@ -249,7 +250,8 @@ def cross_entropy(
 
     Raises:
         InvalidInputError (a ValueError): wrong shapes, strides, dtypes, devices, options.
-        LabelOutOfRangeError (a ValueError): a label outside [0, V) not the ignore_index.
+        LabelOutOfRangeError (a ValueError): a label outside [0, V) not the ignore_index;
+            on a GPU reported lazily, by a later call or by :func:`cegen.check_labels`.
         CegenError: any other failure of the runtime or of building kernels.
     """
     # First statement: see cegen._ownership. Skipped while torch.compile traces (the
