@@ -24,11 +24,12 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
           {"key", kernel.key.str()},
           {"target", object.target},
           {"object", object.file},
-          {"symbol", "_mlir_ciface_" + kernel.name},
-          {"abi", "memref-descriptor-pointers"},
+          {"symbol", kernel.symbol},
+          {"abi", kernel.abi},
           {"args", std::move(args)},
-          {"launch", llvm::json::Object{{"block_size", 0},
-                                        {"rows_per_block", 0},
+          {"launch", llvm::json::Object{{"block_size", kernel.blockSize},
+                                        {"rows_per_block",
+                                         kernel.blockSize ? 1 : 0},
                                         {"lds_bytes", 0}}}});
     }
   }

@@ -13,6 +13,7 @@
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/TargetParser/Host.h"
 #include "llvm/TargetParser/Triple.h"
+#include "llvm/Transforms/Utils/Cloning.h"
 
 using namespace mlir;
 using namespace mlir::ce;
@@ -80,6 +81,9 @@ LogicalResult mlir::ce::emitMachineCode(llvm::Module &module,
                                         std::string &error) {
   llvm::SmallString<0> buffer;
   llvm::raw_svector_ostream stream(buffer);
+  // Codegen rewrites the IR it runs on (AMDGPU's structurizer inserts
+  // llvm.amdgcn.if, for one), so each emission gets its own copy.
+  std::unique_ptr<llvm::Module> copy = llvm::CloneModule(module);
   llvm::legacy::PassManager passes;
   if (machine.addPassesToEmitFile(passes, stream, nullptr,
                                   asObject ? llvm::CodeGenFileType::ObjectFile
@@ -87,20 +91,22 @@ LogicalResult mlir::ce::emitMachineCode(llvm::Module &module,
     error = "the target machine cannot emit this file type";
     return failure();
   }
-  passes.run(module);
+  passes.run(*copy);
   out.assign(buffer.begin(), buffer.end());
   return success();
 }
 
 LogicalResult mlir::ce::linkSharedObject(StringRef ldLld, StringRef objectPath,
                                          StringRef outputPath,
-                                         std::string &error) {
+                                         std::string &error,
+                                         bool hostLibraries) {
+  SmallVector<StringRef> args = {ldLld, "-shared", "-o", outputPath,
+                                 objectPath};
   // libm for the transcendental calls LLVM may leave; the dependency is
   // recorded so dlopen resolves it in any process.
-  SmallVector<StringRef> args = {ldLld,       "-shared",  "--as-needed",
-                                 "-o",        outputPath, objectPath,
-                                 "-L/lib/x86_64-linux-gnu",
-                                 "-L/usr/lib/x86_64-linux-gnu", "-lm"};
+  if (hostLibraries)
+    args.append({"--as-needed", "-L/lib/x86_64-linux-gnu",
+                 "-L/usr/lib/x86_64-linux-gnu", "-lm"});
   int status = llvm::sys::ExecuteAndWait(ldLld, args, std::nullopt, {}, 0, 0,
                                          &error);
   if (status != 0) {

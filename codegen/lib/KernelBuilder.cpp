@@ -71,29 +71,31 @@ static LabelLayout fromLayout(Layout layout) {
 /// A memref of `rank` dynamic sizes and strides (the last stride 1 when
 /// `unitInnerStride`) at a dynamic offset: any strided view of the caller's.
 static MemRefType stridedMemRef(int64_t rank, Type element,
-                                bool unitInnerStride) {
+                                bool unitInnerStride,
+                                Attribute memorySpace = {}) {
   SmallVector<int64_t> shape(rank, ShapedType::kDynamic);
   SmallVector<int64_t> strides(rank, ShapedType::kDynamic);
   if (unitInnerStride && rank > 0)
     strides.back() = 1;
   auto layout = StridedLayoutAttr::get(element.getContext(),
                                        ShapedType::kDynamic, strides);
-  return MemRefType::get(shape, element, layout);
+  return MemRefType::get(shape, element, layout, memorySpace);
 }
 
-func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
-                                   const KernelVariantKey &key) {
-  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
-  Location loc = module.getLoc();
+/// The kernel's argument types, in the bundle ABI's order.
+static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
+                                        Attribute memorySpace) {
   bool flat = key.layout == LabelLayout::Flat;
   int64_t tokenRank = flat ? 1 : 2;
-  MemRefType logitsType =
-      stridedMemRef(tokenRank + 1, toMlirType(b, key.logits), true);
+  MemRefType logitsType = stridedMemRef(
+      tokenRank + 1, toMlirType(b, key.logits), true, memorySpace);
   MemRefType labelsType =
-      stridedMemRef(tokenRank, toMlirType(b, key.labels), false);
-  MemRefType tokenType = stridedMemRef(tokenRank, b.getF32Type(), false);
-  MemRefType statusType = MemRefType::get({1}, b.getI64Type());
-
+      stridedMemRef(tokenRank, toMlirType(b, key.labels), false, memorySpace);
+  MemRefType tokenType =
+      stridedMemRef(tokenRank, b.getF32Type(), false, memorySpace);
+  MemRefType statusType = MemRefType::get({1}, b.getI64Type(),
+                                          MemRefLayoutAttrInterface(),
+                                          memorySpace);
   SmallVector<Type> argTypes = {logitsType, labelsType};
   switch (key.op) {
   case KernelOp::Forward:
@@ -105,22 +107,22 @@ func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
       argTypes.push_back(logitsType);
     break;
   case KernelOp::Fused:
-    argTypes.push_back(key.weights == WeightsKind::Scalar
-                           ? stridedMemRef(0, b.getF32Type(), false)
-                           : tokenType);
+    argTypes.push_back(
+        key.weights == WeightsKind::Scalar
+            ? stridedMemRef(0, b.getF32Type(), false, memorySpace)
+            : tokenType);
     argTypes.append({tokenType, tokenType});
     if (!key.overwrite)
       argTypes.push_back(logitsType);
     break;
   }
   argTypes.push_back(statusType);
+  return argTypes;
+}
 
-  auto func = func::FuncOp::create(b, loc, name,
-                                   b.getFunctionType(argTypes, TypeRange{}));
-  func->setAttr("llvm.emit_c_interface", b.getUnitAttr());
-  Block *entry = func.addEntryBlock();
-  b.setInsertionPointToStart(entry);
-  auto args = entry->getArguments();
+/// Builds the ce op of `key` over the kernel's arguments at `b`.
+static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
+                          const KernelVariantKey &key) {
   Value logits = args[0], labels = args[1], status = args.back();
   auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
   IntegerAttr ignore =
@@ -144,7 +146,36 @@ func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
                     smoothing, zLoss, ShardAttr(), overwrite);
     break;
   }
+}
+
+func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
+                                   const KernelVariantKey &key) {
+  OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
+  Location loc = module.getLoc();
+  SmallVector<Type> argTypes = kernelArgTypes(b, key, Attribute());
+  auto func = func::FuncOp::create(b, loc, name,
+                                   b.getFunctionType(argTypes, TypeRange{}));
+  func->setAttr("llvm.emit_c_interface", b.getUnitAttr());
+  Block *entry = func.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  buildKernelOp(b, loc, entry->getArguments(), key);
   func::ReturnOp::create(b, loc);
+  return func;
+}
+
+gpu::GPUFuncOp mlir::ce::buildGpuKernel(gpu::GPUModuleOp module, StringRef name,
+                                        const KernelVariantKey &key) {
+  OpBuilder b = OpBuilder::atBlockTerminator(module.getBody());
+  Location loc = module.getLoc();
+  auto global =
+      gpu::AddressSpaceAttr::get(b.getContext(), gpu::AddressSpace::Global);
+  SmallVector<Type> argTypes = kernelArgTypes(b, key, global);
+  auto func = gpu::GPUFuncOp::create(b, loc, name,
+                                     b.getFunctionType(argTypes, TypeRange{}));
+  func->setAttr(gpu::GPUDialect::getKernelFuncAttrName(), b.getUnitAttr());
+  b.setInsertionPointToStart(&func.getBody().front());
+  buildKernelOp(b, loc, func.getArguments(), key);
+  gpu::ReturnOp::create(b, loc);
   return func;
 }
 
@@ -152,12 +183,12 @@ namespace {
 /// Records which function argument feeds which role of the ce op.
 class RoleMap {
 public:
-  explicit RoleMap(func::FuncOp func)
+  explicit RoleMap(FunctionOpInterface func)
       : func(func), roles(func.getNumArguments()) {}
 
   LogicalResult add(StringRef role, Value value) {
     auto arg = dyn_cast<BlockArgument>(value);
-    if (!arg || arg.getOwner() != &func.getBody().front())
+    if (!arg || arg.getOwner() != &func.getFunctionBody().front())
       return func.emitError("operand '")
              << role << "' of the ce op must be a function argument";
     std::string &slot = roles[arg.getArgNumber()];
@@ -183,12 +214,12 @@ public:
   }
 
 private:
-  func::FuncOp func;
+  FunctionOpInterface func;
   std::vector<std::string> roles;
 };
 } // namespace
 
-FailureOr<KernelInfo> mlir::ce::describeKernel(func::FuncOp func) {
+FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
   SmallVector<Operation *> ceOps;
   func.walk([&](Operation *op) {
     if (isa<ForwardOp, BackwardOp, FusedOp>(op))
@@ -200,6 +231,7 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(func::FuncOp func) {
            << ceOps.size();
   KernelInfo info;
   info.name = func.getName().str();
+  info.symbol = "_mlir_ciface_" + info.name;
   KernelVariantKey &key = info.key;
   RoleMap roles(func);
   auto common = [&](auto op) -> LogicalResult {

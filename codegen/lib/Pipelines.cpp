@@ -50,7 +50,39 @@ void mlir::ce::buildHostPipeline(OpPassManager &pm,
   buildLoopsToLLVMPipeline(pm);
 }
 
+void mlir::ce::buildGpuMappingPipeline(OpPassManager &pm,
+                                       const GpuPipelineOptions &options) {
+  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  CEMapToGPUOptions mapOptions;
+  mapOptions.blockSize = options.blockSize;
+  mapOptions.subgroupSize = options.subgroupSize;
+  mapOptions.unroll = options.unroll;
+  kernels.addPass(createCEMapToGPU(mapOptions));
+  kernels.addPass(createLoopInvariantCodeMotionPass());
+  kernels.addPass(createCanonicalizerPass());
+  kernels.addPass(createCSEPass());
+}
+
+void mlir::ce::buildGpuPipeline(OpPassManager &pm,
+                                const GpuPipelineOptions &options) {
+  buildGpuMappingPipeline(pm, options);
+  OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
+  kernels.addPass(createSCFToControlFlowPass());
+  CEConvertGPUToTargetOptions convertOptions;
+  convertOptions.target = options.target;
+  convertOptions.chipset = options.chipset;
+  kernels.addPass(createCEConvertGPUToTarget(convertOptions));
+  pm.addPass(createReconcileUnrealizedCastsPass());
+  pm.nest<gpu::GPUModuleOp>().addPass(createCanonicalizerPass());
+}
+
 void mlir::ce::registerCEPipelines() {
+  PassPipelineRegistration<GpuPipelineOptions>(
+      "ce-lower-to-gpu",
+      "Map ce ops in gpu.func kernels onto workgroups and lower them to the "
+      "LLVM dialect with NVVM or ROCDL intrinsics (what ce-gen runs for GPU "
+      "targets before translation)",
+      buildGpuPipeline);
   PassPipelineRegistration<HostPipelineOptions>(
       "ce-lower-to-host-loops",
       "Lower ce ops to row loops (what ce-gen --emit=loops prints)",

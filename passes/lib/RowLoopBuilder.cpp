@@ -15,7 +15,6 @@ using namespace mlir;
 using namespace mlir::ce;
 
 static constexpr float kLog2E = 1.44269504088896340736f;
-static constexpr float kLn2 = 0.693147180559945309417f;
 static constexpr float kInf = std::numeric_limits<float>::infinity();
 
 scf::ForOp mlir::ce::buildForLoop(
@@ -72,31 +71,70 @@ Value RowLoopBuilder::buildExp(Value x) {
 }
 
 Value RowLoopBuilder::buildLog1p(Value x) {
-  // log1p(x) = log(u) * x / (u - 1) with u = 1 + x: the rounding of u
-  // cancels (Goldberg, "What every computer scientist should know...").
+  // log(u) = k ln2 + 2 atanh(f / (2 + f)) with u = 1 + x = 2^k (1 + f),
+  // 1 + f in [sqrt(1/2), sqrt(2)). Built from arithmetic alone, so it is as
+  // accurate on GPUs (whose log2 instructions are absolute-error
+  // approximations) as on the host. Near 0, f is x itself rather than
+  // u - 1, which keeps the low bits of a small x.
+  Type i32 = b.getI32Type();
   Value one = f32(1.0f);
   Value u = arith::AddFOp::create(b, one, x);
-  Value logU = arith::MulFOp::create(b, math::Log2Op::create(b, u), f32(kLn2));
-  Value uMinusOne = arith::SubFOp::create(b, u, one);
-  Value ratio = arith::DivFOp::create(b, x, uMinusOne);
-  Value general = arith::MulFOp::create(b, logU, ratio);
-  Value uIsOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u, one);
-  return arith::SelectOp::create(b, uIsOne, x, general);
+  Value bits = arith::BitcastOp::create(b, i32, u);
+  auto i32c = [&](int32_t v) -> Value {
+    return arith::ConstantOp::create(b, b.getI32IntegerAttr(v));
+  };
+  Value exponent = arith::SubIOp::create(
+      b, arith::ShRUIOp::create(b, bits, i32c(23)), i32c(127));
+  Value mantissa = arith::BitcastOp::create(
+      b, b.getF32Type(),
+      arith::OrIOp::create(b, arith::AndIOp::create(b, bits, i32c(0x007fffff)),
+                           i32c(0x3f800000)));
+  Value high = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, mantissa,
+                                     f32(1.41421356f));
+  mantissa = arith::SelectOp::create(
+      b, high, arith::MulFOp::create(b, mantissa, f32(0.5f)), mantissa);
+  exponent = arith::SelectOp::create(
+      b, high, arith::AddIOp::create(b, exponent, i32c(1)), exponent);
+  Value isZeroExponent =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::eq, exponent, i32c(0));
+  Value f = arith::SelectOp::create(
+      b, isZeroExponent, x, arith::SubFOp::create(b, mantissa, one));
+  Value s = arith::DivFOp::create(b, f, arith::AddFOp::create(b, f32(2.0f), f));
+  Value s2 = arith::MulFOp::create(b, s, s);
+  // atanh(s) / s = 1 + s^2/3 + ... + s^10/11, |s| <= 0.1716.
+  Value poly = f32(1.0f / 11.0f);
+  for (float c : {1.0f / 9.0f, 1.0f / 7.0f, 1.0f / 5.0f, 1.0f / 3.0f, 1.0f})
+    poly = math::FmaOp::create(b, poly, s2, f32(c));
+  Value logM = arith::MulFOp::create(
+      b, f32(2.0f), arith::MulFOp::create(b, s, poly));
+  Value k = arith::SIToFPOp::create(b, b.getF32Type(), exponent);
+  // ln 2 split so k * ln2Hi is exact.
+  Value result = math::FmaOp::create(
+      b, k, f32(0.693145752f),
+      math::FmaOp::create(b, k, f32(1.42860677e-6f), logM));
+  // u = 0 (x = -1): -inf; u = +inf: +inf; NaN stays NaN.
+  Value isZero = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u,
+                                       f32(0.0f));
+  result = arith::SelectOp::create(b, isZero, f32(-kInf), result);
+  Value isInf = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u,
+                                      f32(kInf));
+  result = arith::SelectOp::create(b, isInf, u, result);
+  Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, x, x);
+  return arith::SelectOp::create(b, isNaN, x, result);
 }
 
 Value RowLoopBuilder::buildExpm1(Value x) {
-  // Kahan's expm1: (u - 1) * x / log(u) with u = exp(x).
-  Value one = f32(1.0f);
-  Value u = buildExp(x);
-  Value uMinusOne = arith::SubFOp::create(b, u, one);
-  Value logU = arith::MulFOp::create(b, math::Log2Op::create(b, u), f32(kLn2));
-  Value general = arith::MulFOp::create(
-      b, uMinusOne, arith::DivFOp::create(b, x, logU));
-  Value uIsOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, u, one);
-  Value isMinusOne = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ,
-                                           uMinusOne, f32(-1.0f));
-  Value result = arith::SelectOp::create(b, isMinusOne, f32(-1.0f), general);
-  return arith::SelectOp::create(b, uIsOne, x, result);
+  // |x| < 1/2: Taylor to x^9 (relative error < 1e-9); otherwise
+  // exp(x) - 1, where the cancellation costs at most a factor 2.6.
+  Value taylor = f32(1.0f / 362880.0f);
+  for (float c : {1.0f / 40320.0f, 1.0f / 5040.0f, 1.0f / 720.0f,
+                  1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f})
+    taylor = math::FmaOp::create(b, taylor, x, f32(c));
+  taylor = arith::MulFOp::create(b, taylor, x);
+  Value direct = arith::SubFOp::create(b, buildExp(x), f32(1.0f));
+  Value small = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                      math::AbsFOp::create(b, x), f32(0.5f));
+  return arith::SelectOp::create(b, small, taylor, direct);
 }
 
 /// The indices of element `index` of `row`.
@@ -127,7 +165,8 @@ Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
   SmallVector<Value, 3> indices = indicesOf(row, index);
   Type elementType = cast<MemRefType>(row.memref.getType()).getElementType();
   auto loadType = VectorType::get({vectorWidth}, elementType);
-  Value value = vector::LoadOp::create(b, loadType, row.memref, indices);
+  Value value = vector::LoadOp::create(b, loadType, row.memref, indices,
+                                       /*nontemporal=*/false, alignment());
   if (!elementType.isF32())
     value = arith::ExtFOp::create(
         b, VectorType::get({vectorWidth}, b.getF32Type()), value);
@@ -140,30 +179,78 @@ void RowLoopBuilder::storeVector(const RowRef &row, Value index, Value value) {
   if (!elementType.isF32())
     value = arith::TruncFOp::create(
         b, VectorType::get({vectorWidth}, elementType), value);
-  vector::StoreOp::create(b, value, row.memref, indices);
+  vector::StoreOp::create(b, value, row.memref, indices,
+                          /*nontemporal=*/false, alignment());
 }
 
 Value RowLoopBuilder::stepSize() { return index(vectorWidth * unroll); }
 
+llvm::MaybeAlign RowLoopBuilder::alignment() const {
+  // GPU sweeps start their vectors at a 16-byte boundary (see rangeOf).
+  if (threads.enabled())
+    return llvm::Align(16);
+  return llvm::MaybeAlign();
+}
+
+RowRange RowLoopBuilder::rangeOf(const RowRef &row, Value vocab) {
+  Value head = index(0);
+  if (threads.enabled()) {
+    // Elements before the row's first 16-byte boundary go to the scalar
+    // loops, so every vector access is aligned (rows of odd V, views).
+    auto type = cast<MemRefType>(row.memref.getType());
+    int64_t bytes = type.getElementTypeBitWidth() / 8;
+    auto metadata = memref::ExtractStridedMetadataOp::create(b, row.memref);
+    Value start = metadata.getOffset();
+    for (auto [i, prefix] : llvm::enumerate(row.prefix))
+      start = arith::AddIOp::create(
+          b, start, arith::MulIOp::create(b, prefix, metadata.getStrides()[i]));
+    Value base = memref::ExtractAlignedPointerAsIndexOp::create(b, row.memref);
+    Value address = arith::AddIOp::create(
+        b, base, arith::MulIOp::create(b, start, index(bytes)));
+    Value misaligned = arith::DivUIOp::create(
+        b, arith::RemUIOp::create(b, address, index(16)), index(bytes));
+    Value lanes = index(16 / bytes);
+    head = arith::RemUIOp::create(
+        b, arith::SubIOp::create(b, lanes, misaligned), lanes);
+    head = arith::MinUIOp::create(b, head, vocab);
+  }
+  Value body = arith::SubIOp::create(b, vocab, head);
+  Value mainEnd = arith::AddIOp::create(
+      b, head,
+      arith::SubIOp::create(b, body,
+                            arith::RemUIOp::create(b, body, stepSize())));
+  return {head, mainEnd};
+}
+
 scf::ForOp RowLoopBuilder::buildMainLoop(
-    Value mainEnd, ValueRange inits,
+    const RowRange &range, ValueRange inits,
     function_ref<SmallVector<Value>(Value, ValueRange)> body) {
   if (!threads.enabled())
-    return buildForLoop(b, index(0), mainEnd, stepSize(), inits, body);
+    return buildForLoop(b, range.head, range.mainEnd, stepSize(), inits,
+                        body);
   int64_t step = vectorWidth * unroll;
-  Value first = arith::MulIOp::create(b, threads.threadId, index(step));
-  return buildForLoop(b, first, mainEnd, index(step * threads.numThreads),
-                      inits, body);
+  Value first = arith::AddIOp::create(
+      b, range.head, arith::MulIOp::create(b, threads.threadId, index(step)));
+  return buildForLoop(b, first, range.mainEnd,
+                      index(step * threads.numThreads), inits, body);
 }
 
 scf::ForOp RowLoopBuilder::buildTailLoop(
-    Value mainEnd, Value vocab, ValueRange inits,
+    Value begin, Value end, ValueRange inits,
     function_ref<SmallVector<Value>(Value, ValueRange)> body) {
   if (!threads.enabled())
-    return buildForLoop(b, mainEnd, vocab, index(1), inits, body);
-  Value first = arith::AddIOp::create(b, mainEnd, threads.threadId);
-  return buildForLoop(b, first, vocab, index(threads.numThreads), inits,
-                      body);
+    return buildForLoop(b, begin, end, index(1), inits, body);
+  Value first = arith::AddIOp::create(b, begin, threads.threadId);
+  return buildForLoop(b, first, end, index(threads.numThreads), inits, body);
+}
+
+SmallVector<Value> RowLoopBuilder::buildScalarLoops(
+    const RowRange &range, Value vocab, ValueRange inits,
+    function_ref<SmallVector<Value>(Value, ValueRange)> body) {
+  scf::ForOp head = buildTailLoop(index(0), range.head, inits, body);
+  scf::ForOp tail =
+      buildTailLoop(range.mainEnd, vocab, head.getResults(), body);
+  return SmallVector<Value>(tail.getResults().begin(), tail.getResults().end());
 }
 
 /// Butterfly over a subgroup, then one slot per subgroup in workgroup
@@ -243,11 +330,6 @@ Value RowLoopBuilder::allReduceSum(Value sum) {
   return sum;
 }
 
-Value RowLoopBuilder::mainTripEnd(Value vocab) {
-  Value remainder = arith::RemUIOp::create(b, vocab, stepSize());
-  return arith::SubIOp::create(b, vocab, remainder);
-}
-
 /// One online-softmax step of a state (max, rest) over the values `xs`
 /// (scalars or vectors of the state's shape): the new maximum rescales the
 /// old sum once. The maximum's own exp(0) = 1 becomes the implicit term:
@@ -321,12 +403,12 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   auto safe = [&](Value x) { return zeroIfNegInf(x); };
 
   // Main sweep: `unroll` vectors per step, one state per lane.
-  Value mainEnd = mainTripEnd(vocab);
+  RowRange range = rangeOf(row, vocab);
   SmallVector<Value> inits = {f32(-kInf, vectorType), f32(0.0f, vectorType)};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
   scf::ForOp mainLoop = buildMainLoop(
-      mainEnd, inits,
+      range, inits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
         SmallVector<Value, 8> xs;
         for (unsigned u = 0; u < unroll; ++u) {
@@ -349,9 +431,13 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   Value max = mainLoop.getResult(0);
   Value rest = mainLoop.getResult(1);
   for (int64_t width = vectorWidth / 2; width >= 1; width /= 2) {
+    // A shuffle rather than extract_strided_slice: it maps to one LLVM
+    // shufflevector on every target.
     auto half = [&](Value v, int64_t offset) -> Value {
-      return vector::ExtractStridedSliceOp::create(b, v, {offset}, {width},
-                                                   {1});
+      SmallVector<int64_t> mask;
+      for (int64_t i = 0; i < width; ++i)
+        mask.push_back(offset + i);
+      return vector::ShuffleOp::create(b, v, v, mask);
     };
     std::tie(max, rest) = combineStates(half(max, 0), half(rest, 0),
                                         half(max, width), half(rest, width));
@@ -363,12 +449,12 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
                                       mainLoop.getResult(2));
 
-  // Scalar tail: a state of its own, merged last.
+  // Scalar head and tail: a state of their own, merged last.
   SmallVector<Value> tailInits = {f32(-kInf), f32(0.0f)};
   if (withSum)
     tailInits.push_back(f32(0.0f));
-  scf::ForOp tailLoop = buildTailLoop(
-      mainEnd, vocab, tailInits,
+  SmallVector<Value> tailState = buildScalarLoops(
+      range, vocab, tailInits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
         Value x = loadElement(row, j);
         auto [tailMax, tailRest] =
@@ -378,10 +464,10 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
           next.push_back(arith::AddFOp::create(b, state[2], x));
         return next;
       });
-  std::tie(max, rest) = combineStates(max, rest, tailLoop.getResult(0),
-                                      tailLoop.getResult(1));
+  std::tie(max, rest) =
+      combineStates(max, rest, tailState[0], tailState[1]);
   if (withSum)
-    sum = arith::AddFOp::create(b, sum, tailLoop.getResult(2));
+    sum = arith::AddFOp::create(b, sum, tailState[2]);
   std::tie(max, rest) = allReduceState(max, rest);
   if (withSum)
     sum = allReduceSum(sum);
@@ -407,34 +493,46 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     Value shifted = arith::SubFOp::create(b, pc, splat(u));
     return arith::MulFOp::create(b, splat(scale), shifted);
   };
-  Value mainEnd = mainTripEnd(vocab);
-  buildMainLoop(mainEnd, {},
-               [&](Value j, ValueRange) -> SmallVector<Value> {
-                 // Load the whole step first so the loads are in flight
-                 // together.
-                 SmallVector<Value, 8> offsets, xs;
-                 for (unsigned k = 0; k < unroll; ++k) {
-                   offsets.push_back(
-                       arith::AddIOp::create(b, j, index(k * vectorWidth)));
-                   xs.push_back(loadVector(row, offsets.back()));
-                 }
-                 for (unsigned k = 0; k < unroll; ++k)
-                   storeVector(grad, offsets[k], gradient(xs[k], vectorType));
-                 return {};
-               });
-  buildTailLoop(mainEnd, vocab, {},
-               [&](Value j, ValueRange) -> SmallVector<Value> {
-                 Value x = loadElement(row, j);
-                 storeElement(grad, j, gradient(x, b.getF32Type()));
-                 return {};
-               });
+  auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {
+    Value x = loadElement(row, j);
+    storeElement(grad, j, gradient(x, b.getF32Type()));
+    return {};
+  };
+  auto sweep = [&](const RowRange &range) {
+    buildMainLoop(range, {}, [&](Value j, ValueRange) -> SmallVector<Value> {
+      // Load the whole step first so the loads are in flight together.
+      SmallVector<Value, 8> offsets, xs;
+      for (unsigned k = 0; k < unroll; ++k) {
+        offsets.push_back(arith::AddIOp::create(b, j, index(k * vectorWidth)));
+        xs.push_back(loadVector(row, offsets.back()));
+      }
+      for (unsigned k = 0; k < unroll; ++k)
+        storeVector(grad, offsets[k], gradient(xs[k], vectorType));
+      return {};
+    });
+    buildScalarLoops(range, vocab, {}, scalarStep);
+  };
+  RowRange range = rangeOf(row, vocab);
+  if (!threads.enabled() || grad.memref == row.memref) {
+    sweep(range);
+    return;
+  }
+  // A separate gradient buffer whose rows sit differently against 16-byte
+  // boundaries than the logits' cannot share their vector steps: such rows
+  // take the scalar path.
+  RowRange gradRange = rangeOf(grad, vocab);
+  Value sameHead = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                         range.head, gradRange.head);
+  buildIf(
+      b, sameHead, [&] { sweep(range); },
+      [&] { buildTailLoop(index(0), vocab, {}, scalarStep); });
 }
 
 void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value splat = vector::BroadcastOp::create(b, vectorType, value);
-  Value mainEnd = mainTripEnd(vocab);
-  buildMainLoop(mainEnd, {},
+  RowRange range = rangeOf(grad, vocab);
+  buildMainLoop(range, {},
                [&](Value j, ValueRange) -> SmallVector<Value> {
                  for (unsigned k = 0; k < unroll; ++k)
                    storeVector(grad,
@@ -443,9 +541,9 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
                                splat);
                  return {};
                });
-  buildTailLoop(mainEnd, vocab, {},
-               [&](Value j, ValueRange) -> SmallVector<Value> {
-                 storeElement(grad, j, value);
-                 return {};
-               });
+  buildScalarLoops(range, vocab, {},
+                   [&](Value j, ValueRange) -> SmallVector<Value> {
+                     storeElement(grad, j, value);
+                     return {};
+                   });
 }

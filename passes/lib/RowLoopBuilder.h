@@ -57,6 +57,13 @@ struct RowThreads {
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
 };
 
+/// The split of a row: scalar elements [0, head), vectors [head, mainEnd),
+/// scalar elements [mainEnd, V).
+struct RowRange {
+  Value head;
+  Value mainEnd;
+};
+
 class RowLoopBuilder {
 public:
   RowLoopBuilder(ImplicitLocOpBuilder &b, unsigned vectorWidth,
@@ -85,7 +92,8 @@ public:
   /// Rounds `value` to the row's element type once and stores it.
   void storeElement(const RowRef &row, Value index, Value value);
 
-  /// Accurate `log(1 + x)` and `exp(x) - 1` built from log2/exp2.
+  /// Accurate `log(1 + x)` (arithmetic only) and `exp(x) - 1` (exp2 and a
+  /// Taylor polynomial near 0).
   Value buildLog1p(Value x);
   Value buildExpm1(Value x);
 
@@ -103,15 +111,21 @@ private:
   Value loadVector(const RowRef &row, Value index);
   void storeVector(const RowRef &row, Value index, Value value);
   Value stepSize();
-  /// The largest multiple of the step not above `vocab`.
-  Value mainTripEnd(Value vocab);
+  /// Where the vector steps of `row` start and end: at 0 on the host, at
+  /// the first 16-byte boundary on GPUs (aligned vector accesses).
+  RowRange rangeOf(const RowRef &row, Value vocab);
+  llvm::MaybeAlign alignment() const;
   /// Builds the strided loops of a sweep: this thread's share of the vector
-  /// steps in [0, mainEnd), then of the scalar tail [mainEnd, vocab).
+  /// steps of `range`, and of scalar elements in [begin, end).
   scf::ForOp buildMainLoop(
-      Value mainEnd, ValueRange inits,
+      const RowRange &range, ValueRange inits,
       function_ref<SmallVector<Value>(Value, ValueRange)> body);
   scf::ForOp buildTailLoop(
-      Value mainEnd, Value vocab, ValueRange inits,
+      Value begin, Value end, ValueRange inits,
+      function_ref<SmallVector<Value>(Value, ValueRange)> body);
+  /// The scalar head, then the scalar tail, carrying `inits` through both.
+  SmallVector<Value> buildScalarLoops(
+      const RowRange &range, Value vocab, ValueRange inits,
       function_ref<SmallVector<Value>(Value, ValueRange)> body);
   /// Combines the (max, rest) states, or the sums, of all threads; every
   /// thread gets the result. Identity on the host.

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ce/Codegen/BundleWriter.h"
+#include "ce/Codegen/GpuCodegen.h"
 #include "ce/Codegen/HostCodegen.h"
 #include "ce/Codegen/KernelBuilder.h"
 #include "ce/Codegen/Pipelines.h"
@@ -40,7 +41,7 @@ namespace cl = llvm::cl;
 
 namespace {
 
-enum class EmitStage { Mlir, Loops, Llvm, Isa, Obj, Bundle };
+enum class EmitStage { Mlir, Loops, Gpu, Llvm, Isa, Obj, Bundle };
 
 cl::OptionCategory category("ce-gen options");
 
@@ -52,17 +53,18 @@ cl::opt<std::string> outputPath("o", cl::desc("Output directory (bundle) or "
 cl::opt<EmitStage> emitStage(
     "emit", cl::desc("Stop after this stage and write its result"),
     cl::values(clEnumValN(EmitStage::Mlir, "mlir", "ce dialect kernels"),
-               clEnumValN(EmitStage::Loops, "loops", "row loop nests"),
+               clEnumValN(EmitStage::Loops, "loops", "row loop nests (host)"),
+               clEnumValN(EmitStage::Gpu, "gpu",
+                          "workgroup-mapped kernels (GPU targets)"),
                clEnumValN(EmitStage::Llvm, "llvm", "optimized LLVM IR"),
-               clEnumValN(EmitStage::Isa, "isa", "target assembly"),
-               clEnumValN(EmitStage::Obj, "obj", "object file"),
+               clEnumValN(EmitStage::Isa, "isa", "target assembly (PTX for sm_90)"),
+               clEnumValN(EmitStage::Obj, "obj", "object file (host, AMDGPU)"),
                clEnumValN(EmitStage::Bundle, "bundle",
                           "code objects + manifest.json (default)")),
     cl::init(EmitStage::Bundle), cl::cat(category));
 cl::list<std::string> targets("target",
-                              cl::desc("Targets: host (gfx942, gfx950, "
-                                       "gfx90a and sm_90 are known but not "
-                                       "built by this version)"),
+                              cl::desc("Targets: host, sm_90, gfx942, gfx950, "
+                                       "gfx90a (several go into one bundle)"),
                               cl::CommaSeparated, cl::cat(category));
 
 // Variant options: comma lists whose cartesian product is emitted.
@@ -87,10 +89,17 @@ cl::list<std::string> weightKinds("weights",
                                   cl::desc("scalar,token (fused only)"),
                                   cl::CommaSeparated, cl::cat(category));
 
-cl::opt<unsigned> vectorWidth("vector-width", cl::desc("Lanes per vector"),
+cl::opt<unsigned> vectorWidth("vector-width",
+                              cl::desc("Lanes per vector (host)"),
                               cl::init(8), cl::cat(category));
-cl::opt<unsigned> unroll("unroll", cl::desc("Vectors per step"), cl::init(4),
-                         cl::cat(category));
+cl::opt<unsigned> unroll("unroll",
+                         cl::desc("Vectors per step (default: 4 on the host, "
+                                  "2 16-byte loads per thread on GPUs)"),
+                         cl::init(0), cl::cat(category));
+cl::opt<unsigned> blockSize("block-size",
+                            cl::desc("Threads per workgroup on GPUs "
+                                     "(default: the chip's)"),
+                            cl::init(0), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -114,18 +123,15 @@ struct TargetOptions {
   std::vector<std::string> targets;
 
   LogicalResult verify(std::string &error) const {
-    static const std::set<std::string> known = {"host", "gfx942", "gfx950",
-                                                "gfx90a", "sm_90"};
+    std::set<std::string> seen;
     for (const std::string &target : targets) {
-      if (!known.count(target)) {
+      if (target != "host" && !GpuTarget::lookup(target)) {
         error = "unknown target '" + target +
-                "'; expected one of: host, gfx942, gfx950, gfx90a, sm_90";
+                "'; expected one of: host, sm_90, gfx942, gfx950, gfx90a";
         return failure();
       }
-      if (target != "host") {
-        error = "target '" + target +
-                "' is not supported by this version of ce-gen yet (only "
-                "'host' is)";
+      if (!seen.insert(target).second) {
+        error = "target '" + target + "' is given twice";
         return failure();
       }
     }
@@ -294,7 +300,16 @@ LogicalResult writeOutput(StringRef path, StringRef text) {
   return success();
 }
 
-int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels) {
+/// Prints `module` to the output (the --emit=mlir/loops/gpu stages).
+int printModule(Operation *module) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  module->print(os);
+  return failed(writeOutput(outputPath, text)) ? 1 : 0;
+}
+
+int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels,
+                   std::vector<BundleObject> &objects) {
   HostTargetOptions hostOptions;
   hostOptions.cpu = hostCpu;
   std::string error;
@@ -340,10 +355,6 @@ int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels) {
     return failed(writeOutput(outputPath, object)) ? 1 : 0;
 
   // Bundle: link the object into a shared object beside the manifest.
-  if (outputPath == "-")
-    return usageError("--emit=bundle needs an output directory (-o DIR)");
-  if (std::error_code ec = llvm::sys::fs::create_directories(outputPath))
-    return usageError("cannot create '" + outputPath + "': " + ec.message());
   std::string objectPath = outputPath + "/host-x86_64.o";
   std::string soName = "host-x86_64.so";
   if (failed(writeOutput(objectPath, object)))
@@ -355,57 +366,127 @@ int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels) {
     llvm::errs() << "ce-gen: error: linking host kernels: " << error << "\n";
     return 1;
   }
-  std::string manifest;
-  llvm::raw_string_ostream os(manifest);
-  writeManifest(os, {BundleObject{soName, "host", "shared-object",
-                                  std::move(kernels)}});
-  return failed(writeOutput(outputPath + "/manifest.json", manifest)) ? 1 : 0;
+  objects.push_back(
+      BundleObject{soName, "host", "shared-object", std::move(kernels)});
+  return 0;
 }
 
-} // namespace
+/// Builds, lowers and emits the kernels of `keys` for one GPU chip.
+int runGpuCodegen(MLIRContext &context,
+                  ArrayRef<::ce::KernelVariantKey> keys,
+                  const GpuTarget &target, std::vector<BundleObject> &objects) {
+  OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
+  (*module)->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
+                     UnitAttr::get(&context));
+  OpBuilder builder = OpBuilder::atBlockEnd(module->getBody());
+  auto kernelModule =
+      gpu::GPUModuleOp::create(builder, module->getLoc(), "ce_kernels");
+  GpuPipelineOptions options;
+  options.target = target.amd ? "rocdl" : "nvvm";
+  options.chipset = target.chip;
+  options.blockSize = blockSize ? blockSize.getValue() : target.blockSize;
+  options.subgroupSize = target.subgroupSize;
+  options.unroll = unroll ? unroll.getValue() : 2;
+  std::vector<KernelInfo> kernels;
+  for (auto [i, key] : llvm::enumerate(keys)) {
+    std::string name =
+        ("ce_" + llvm::Twine(::ce::stringify(key.op)) + "_" + llvm::Twine(i))
+            .str();
+    gpu::GPUFuncOp func = buildGpuKernel(kernelModule, name, key);
+    FailureOr<KernelInfo> info = describeKernel(func);
+    if (failed(info))
+      return 2;
+    info->symbol = name;
+    info->abi = "memref-descriptor-fields";
+    info->blockSize = options.blockSize;
+    kernels.push_back(std::move(*info));
+  }
+  if (failed(verify(*module)))
+    return 1;
+  if (emitStage == EmitStage::Mlir)
+    return printModule(*module);
 
-int main(int argc, char **argv) {
-  llvm::InitLLVM initLLVM(argc, argv);
-  registerAsmPrinterCLOptions();
-  registerMLIRContextCLOptions();
-  registerPassManagerCLOptions();
-  registerCEPassesAndPipelines();
-  cl::HideUnrelatedOptions({&category, &cl::getGeneralCategory()});
-  if (!cl::ParseCommandLineOptions(argc, argv,
-                                   "cegen kernel generator\n\n"
-                                   "  ce-gen --target=host --op=forward,"
-                                   "backward --logits=bf16 -o bundle/\n",
-                                   &llvm::errs()))
+  PassManager pm(&context);
+  if (failed(applyPassManagerCLOptions(pm)))
     return 2;
+  if (emitStage == EmitStage::Gpu || emitStage == EmitStage::Loops)
+    buildGpuMappingPipeline(pm, options);
+  else
+    buildGpuPipeline(pm, options);
+  if (failed(pm.run(*module)))
+    return 2;
+  if (emitStage == EmitStage::Gpu || emitStage == EmitStage::Loops)
+    return printModule(*module);
 
-  TargetOptions targetOptions;
-  targetOptions.targets.assign(targets.begin(), targets.end());
-  if (targetOptions.targets.empty())
-    targetOptions.targets.push_back("host");
   std::string error;
-  if (failed(targetOptions.verify(error)))
-    return usageError(error);
-  if (vectorWidth == 0 || (vectorWidth & (vectorWidth - 1)) != 0)
-    return usageError("--vector-width must be a power of two");
-  if (unroll == 0)
-    return usageError("--unroll must be at least 1");
+  auto machine = createGpuTargetMachine(target, error);
+  if (failed(machine))
+    return usageError(target.chip + ": " + error);
+  llvm::LLVMContext llvmContext;
+  std::unique_ptr<llvm::Module> llvmModule =
+      translateGpuModule(kernelModule, llvmContext, **machine, error);
+  if (!llvmModule) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
+  std::string ir;
+  if (emitStage == EmitStage::Llvm || !dumpDir.empty()) {
+    llvm::raw_string_ostream os(ir);
+    llvmModule->print(os, nullptr);
+  }
+  if (emitStage == EmitStage::Llvm)
+    return failed(writeOutput(outputPath, ir)) ? 1 : 0;
+  std::string assembly, object;
+  if (failed(emitMachineCode(*llvmModule, **machine, false, assembly,
+                             error))) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
+  if (!dumpDir.empty() &&
+      (failed(writeOutput(dumpDir + "/" + target.chip + ".opt.ll", ir)) ||
+       failed(writeOutput(dumpDir + "/" + target.chip + ".s", assembly))))
+    return 1;
+  if (emitStage == EmitStage::Isa)
+    return failed(writeOutput(outputPath, assembly)) ? 1 : 0;
+  if (!target.amd) {
+    // PTX is the code object: the driver compiles it for the device.
+    if (emitStage == EmitStage::Obj)
+      return failed(writeOutput(outputPath, assembly)) ? 1 : 0;
+    if (failed(writeOutput(outputPath + "/" + target.objectFile(), assembly)))
+      return 1;
+    objects.push_back(BundleObject{target.objectFile(), target.chip, "ptx",
+                                   std::move(kernels)});
+    return 0;
+  }
+  if (failed(emitMachineCode(*llvmModule, **machine, true, object, error))) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
+  if (emitStage == EmitStage::Obj)
+    return failed(writeOutput(outputPath, object)) ? 1 : 0;
+  // HSACO: the relocatable object linked into a shared object by lld.
+  std::string objectPath = outputPath + "/" + target.chip + ".o";
+  if (failed(writeOutput(objectPath, object)))
+    return 1;
+  LogicalResult linked = linkSharedObject(
+      CE_LD_LLD, objectPath, outputPath + "/" + target.objectFile(), error,
+      /*hostLibraries=*/false);
+  llvm::sys::fs::remove(objectPath);
+  if (failed(linked)) {
+    llvm::errs() << "ce-gen: error: linking " << target.chip
+                 << " code object: " << error << "\n";
+    return 1;
+  }
+  objects.push_back(BundleObject{target.objectFile(), target.chip, "hsaco",
+                                 std::move(kernels)});
+  return 0;
+}
 
-  DialectRegistry registry;
-  registerCEDialects(registry);
-  MLIRContext context(registry);
-  context.loadAllAvailableDialects();
-
+/// Builds (or reads), lowers and emits the host kernels.
+int emitHost(MLIRContext &context, ArrayRef<::ce::KernelVariantKey> keys,
+             std::vector<BundleObject> &objects) {
   OwningOpRef<ModuleOp> module;
-  bool fromFile = !inputFile.empty();
-  if (fromFile) {
-    bool variantOptions = !ops.empty() || !logitsTypes.empty() ||
-                          !labelTypes.empty() || !layouts.empty() ||
-                          !ignoreIndices.empty() || !smoothings.empty() ||
-                          !zLosses.empty() || !overwrites.empty() ||
-                          !weightKinds.empty();
-    if (variantOptions)
-      return usageError("variant options (--op, --logits, ...) conflict with "
-                        "an input file; give one or the other");
+  if (!inputFile.empty()) {
     std::string readError;
     auto file = openInputFile(inputFile, &readError);
     if (!file)
@@ -416,11 +497,8 @@ int main(int argc, char **argv) {
     if (!module)
       return 2;
   } else {
-    auto keys = expandVariants(error);
-    if (failed(keys))
-      return usageError(error);
     module = ModuleOp::create(UnknownLoc::get(&context));
-    for (auto [i, key] : llvm::enumerate(*keys))
+    for (auto [i, key] : llvm::enumerate(keys))
       buildKernel(*module, ("ce_" + llvm::Twine(::ce::stringify(key.op)) +
                             "_" + llvm::Twine(i))
                                .str(),
@@ -429,18 +507,16 @@ int main(int argc, char **argv) {
       return 1;
   }
 
-  if (emitStage == EmitStage::Mlir) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module->print(os);
-    return failed(writeOutput(outputPath, text)) ? 1 : 0;
-  }
+  if (emitStage == EmitStage::Mlir)
+    return printModule(*module);
+  if (emitStage == EmitStage::Gpu)
+    return usageError("--emit=gpu applies to GPU targets");
 
   // Fuse before describing: fusion changes which kernels exist.
   HostPipelineOptions pipelineOptions;
   pipelineOptions.fuse = !noFuse;
   pipelineOptions.vectorWidth = vectorWidth;
-  pipelineOptions.unroll = unroll;
+  pipelineOptions.unroll = unroll ? unroll.getValue() : 4;
   {
     PassManager pm(&context);
     if (failed(applyPassManagerCLOptions(pm)))
@@ -469,11 +545,90 @@ int main(int argc, char **argv) {
     buildHostPipeline(pm, pipelineOptions);
   if (failed(pm.run(*module)))
     return 2;
-  if (emitStage == EmitStage::Loops) {
-    std::string text;
-    llvm::raw_string_ostream os(text);
-    module->print(os);
-    return failed(writeOutput(outputPath, text)) ? 1 : 0;
+  if (emitStage == EmitStage::Loops)
+    return printModule(*module);
+  return runHostCodegen(*module, std::move(kernels), objects);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  llvm::InitLLVM initLLVM(argc, argv);
+  registerAsmPrinterCLOptions();
+  registerMLIRContextCLOptions();
+  registerPassManagerCLOptions();
+  registerCEPassesAndPipelines();
+  cl::HideUnrelatedOptions({&category, &cl::getGeneralCategory()});
+  if (!cl::ParseCommandLineOptions(argc, argv,
+                                   "cegen kernel generator\n\n"
+                                   "  ce-gen --target=host --op=forward,"
+                                   "backward --logits=bf16 -o bundle/\n",
+                                   &llvm::errs()))
+    return 2;
+
+  TargetOptions targetOptions;
+  targetOptions.targets.assign(targets.begin(), targets.end());
+  if (targetOptions.targets.empty())
+    targetOptions.targets.push_back("host");
+  std::string error;
+  if (failed(targetOptions.verify(error)))
+    return usageError(error);
+  if (vectorWidth == 0 || (vectorWidth & (vectorWidth - 1)) != 0)
+    return usageError("--vector-width must be a power of two");
+
+  bool fromFile = !inputFile.empty();
+  bool anyGpu = llvm::any_of(targetOptions.targets, [](const std::string &t) {
+    return t != "host";
+  });
+  bool variantOptions = !ops.empty() || !logitsTypes.empty() ||
+                        !labelTypes.empty() || !layouts.empty() ||
+                        !ignoreIndices.empty() || !smoothings.empty() ||
+                        !zLosses.empty() || !overwrites.empty() ||
+                        !weightKinds.empty();
+  if (fromFile && variantOptions)
+    return usageError("variant options (--op, --logits, ...) conflict with "
+                      "an input file; give one or the other");
+  if (fromFile && anyGpu)
+    return usageError("GPU targets are emitted from variant options (--op, "
+                      "--logits, ...), not from an input file");
+  if (emitStage != EmitStage::Bundle && targetOptions.targets.size() != 1)
+    return usageError("--emit=" +
+                      std::string(emitStage.getParser()
+                                      .getOption(static_cast<int>(
+                                          emitStage.getValue()))
+                                      .str()) +
+                      " prints one target's output; give a single --target");
+  std::vector<::ce::KernelVariantKey> keys;
+  if (!fromFile) {
+    auto expanded = expandVariants(error);
+    if (failed(expanded))
+      return usageError(error);
+    keys = std::move(*expanded);
   }
-  return runHostCodegen(*module, std::move(kernels));
+  if (emitStage == EmitStage::Bundle) {
+    if (outputPath == "-")
+      return usageError("--emit=bundle needs an output directory (-o DIR)");
+    if (std::error_code ec = llvm::sys::fs::create_directories(outputPath))
+      return usageError("cannot create '" + outputPath + "': " +
+                        ec.message());
+  }
+
+  DialectRegistry registry;
+  registerCEDialects(registry);
+  MLIRContext context(registry);
+  context.loadAllAvailableDialects();
+
+  std::vector<BundleObject> objects;
+  for (const std::string &target : targetOptions.targets) {
+    int status = target == "host"
+                     ? emitHost(context, keys, objects)
+                     : runGpuCodegen(context, keys, *GpuTarget::lookup(target),
+                                     objects);
+    if (status != 0 || emitStage != EmitStage::Bundle)
+      return status;
+  }
+  std::string manifest;
+  llvm::raw_string_ostream os(manifest);
+  writeManifest(os, objects);
+  return failed(writeOutput(outputPath + "/manifest.json", manifest)) ? 1 : 0;
 }

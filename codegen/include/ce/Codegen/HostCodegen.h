@@ -35,9 +35,11 @@ LogicalResult emitMachineCode(llvm::Module &module,
                               llvm::TargetMachine &machine, bool asObject,
                               std::string &out, std::string &error);
 
-/// Links an object file into a shared object with lld.
+/// Links an object file into a shared object with lld; `hostLibraries`
+/// adds libm for host kernels (not for GPU code objects).
 LogicalResult linkSharedObject(StringRef ldLld, StringRef objectPath,
-                               StringRef outputPath, std::string &error);
+                               StringRef outputPath, std::string &error,
+                               bool hostLibraries = true);
 
 } // namespace mlir::ce
 

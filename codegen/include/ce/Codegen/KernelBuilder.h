@@ -12,6 +12,8 @@
 #include "ce/runtime/VariantKey.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Interfaces/FunctionInterfaces.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <string>
@@ -31,16 +33,25 @@ struct KernelInfo {
   std::string name;
   ::ce::KernelVariantKey key;
   std::vector<KernelArg> args;
+  /// How the runtime calls it (docs/bundle-format.md).
+  std::string symbol;
+  std::string abi = "memref-descriptor-pointers";
+  unsigned blockSize = 0;
 };
 
-/// Adds `func.func @name` computing `key` to `module`.
+/// Adds `func.func @name` computing `key` to `module` (host kernels).
 func::FuncOp buildKernel(ModuleOp module, StringRef name,
                          const ::ce::KernelVariantKey &key);
+
+/// Adds `gpu.func @name` computing `key` to `module`, a kernel whose memrefs
+/// are in the global address space.
+gpu::GPUFuncOp buildGpuKernel(gpu::GPUModuleOp module, StringRef name,
+                              const ::ce::KernelVariantKey &key);
 
 /// Recovers the variant and argument roles of a function whose body is one
 /// ce op fed directly by the function's arguments. Fails with a diagnostic
 /// on the function otherwise.
-FailureOr<KernelInfo> describeKernel(func::FuncOp func);
+FailureOr<KernelInfo> describeKernel(FunctionOpInterface func);
 
 } // namespace mlir::ce
 

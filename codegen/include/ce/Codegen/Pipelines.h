@@ -22,6 +22,31 @@ struct HostPipelineOptions : public PassPipelineOptions<HostPipelineOptions> {
       *this, "unroll", llvm::cl::desc("Vectors per step"), llvm::cl::init(4)};
 };
 
+struct GpuPipelineOptions : public PassPipelineOptions<GpuPipelineOptions> {
+  PassOptions::Option<std::string> target{
+      *this, "target", llvm::cl::desc("nvvm or rocdl"), llvm::cl::init("nvvm")};
+  PassOptions::Option<std::string> chipset{
+      *this, "chipset", llvm::cl::desc("AMDGPU chipset (rocdl)"),
+      llvm::cl::init("gfx942")};
+  PassOptions::Option<unsigned> blockSize{
+      *this, "block-size", llvm::cl::desc("Threads per workgroup"),
+      llvm::cl::init(256)};
+  PassOptions::Option<unsigned> subgroupSize{
+      *this, "subgroup-size", llvm::cl::desc("Warp/wave size"),
+      llvm::cl::init(32)};
+  PassOptions::Option<unsigned> unroll{
+      *this, "unroll", llvm::cl::desc("16-byte vectors per thread and step"),
+      llvm::cl::init(2)};
+};
+
+/// ce ops in gpu.func kernels -> workgroup-mapped loops (`--emit=gpu`).
+void buildGpuMappingPipeline(OpPassManager &pm,
+                             const GpuPipelineOptions &options);
+
+/// ce ops in gpu.func kernels -> LLVM dialect with NVVM or ROCDL
+/// intrinsics: `ce-lower-to-gpu`.
+void buildGpuPipeline(OpPassManager &pm, const GpuPipelineOptions &options);
+
 /// ce ops -> row loops (`--emit=loops` stops here).
 void buildHostLoopsPipeline(OpPassManager &pm,
                             const HostPipelineOptions &options);

@@ -75,6 +75,88 @@ def CELowerToLoops : Pass<"ce-lower-to-loops", "::mlir::func::FuncOp"> {
   ];
 }
 
+def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "Map ce ops in GPU kernels onto workgroups, one token each";
+  let description = [{
+    Lowers each `ce` op inside a `gpu.func` kernel to the code of one
+    token, for the token `gpu.block_id x` (blocks walk the tokens in the
+    logits' memory order). The threads of the workgroup split the row: each
+    takes `unroll` vectors of 16 bytes (8 bf16/f16 or 4 f32 elements) per
+    step, strided by the workgroup; per-thread states are combined by a
+    butterfly of `gpu.shuffle xor` within a subgroup (warp/wave), then
+    through one slot per subgroup in workgroup memory, read back by every
+    thread in the same order, so results are deterministic and no float
+    atomics are used. Thread 0 writes the per-token outputs; a barrier
+    separates the gradient sweep from the target element's rewrite.
+
+    Indices are 64-bit (`index` lowered with 64-bit width), so rows of
+    N * V > 2^31 elements are addressed correctly.
+
+    Preconditions: the kernel's memrefs are in the global address space;
+    launch with `block-size` threads and one workgroup per token.
+
+    ```mlir
+    gpu.func @k(...) kernel {
+      ce.forward %x, %y into %loss, %lse layout = sbv_bs : ...
+      gpu.return
+    }
+    // becomes gpu.thread_id/gpu.block_id, strided scf.for sweeps,
+    // gpu.shuffle xor butterflies and gpu.barrier
+    ```
+  }];
+  let dependentDialects = [
+    "::mlir::arith::ArithDialect", "::mlir::gpu::GPUDialect",
+    "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
+    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect"
+  ];
+  let options = [
+    Option<"blockSize", "block-size", "unsigned", "256",
+           "Threads per workgroup (a multiple of the subgroup size)">,
+    Option<"subgroupSize", "subgroup-size", "unsigned", "32",
+           "Threads per warp (32, NVIDIA) or wave (64, AMD gfx9)">,
+    Option<"unroll", "unroll", "unsigned", "2",
+           "16-byte vectors loaded per thread and step">
+  ];
+}
+
+//===----------------------------------------------------------------------===//
+// Conversions
+//===----------------------------------------------------------------------===//
+
+def CEConvertGPUToTarget
+    : Pass<"ce-convert-gpu-to-target", "::mlir::gpu::GPUModuleOp"> {
+  let summary = "Lower a mapped gpu.module to the LLVM dialect with NVVM or "
+                "ROCDL intrinsics";
+  let description = [{
+    One conversion for everything a `ce-map-to-gpu` kernel holds (arith,
+    math, memref, vector, cf and gpu ops) with 64-bit indices and the
+    global/workgroup address spaces mapped to LLVM's 1 and 3.
+
+    Unlike upstream `convert-gpu-to-nvvm`/`convert-gpu-to-rocdl`, this keeps
+    `math.exp2` and `math.log2` as `llvm.intr.exp2`/`llvm.intr.log2`
+    instead of calls into libdevice or ocml, which would need those bitcode
+    libraries at link time: NVPTX selects `ex2.approx`/`lg2.approx` and
+    AMDGPU `v_exp_f32`/`v_log_f32` for them.
+
+    Precondition: `scf` is already lowered to `cf`.
+
+    ```mlir
+    gpu.module @k { gpu.func @f(...) kernel { ... } }
+    // becomes gpu.module @k { llvm.func @f(...) attributes {nvvm.kernel} }
+    ```
+  }];
+  let dependentDialects = [
+    "::mlir::LLVM::LLVMDialect", "::mlir::NVVM::NVVMDialect",
+    "::mlir::ROCDL::ROCDLDialect"
+  ];
+  let options = [
+    Option<"target", "target", "std::string", "\"nvvm\"",
+           "nvvm or rocdl">,
+    Option<"chipset", "chipset", "std::string", "\"gfx942\"",
+           "AMDGPU chipset for rocdl (gfx942, gfx950, gfx90a)">
+  ];
+}
+
 def CEExpandExp2 : Pass<"ce-expand-exp2"> {
   let summary = "Expand f32 math.exp2 into a vectorizable polynomial";
   let description = [{

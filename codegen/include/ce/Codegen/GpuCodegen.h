@@ -1,0 +1,41 @@
+//===- GpuCodegen.h - GPU kernels to PTX and HSACO --------------*- C++ -*-===//
+
+#ifndef CE_CODEGEN_GPUCODEGEN_H
+#define CE_CODEGEN_GPUCODEGEN_H
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "llvm/IR/Module.h"
+#include "llvm/Target/TargetMachine.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace mlir::ce {
+
+/// A GPU chip ce-gen can emit code objects for, with its per-chip defaults.
+struct GpuTarget {
+  std::string chip; ///< sm_90, gfx942, gfx950, gfx90a
+  bool amd;
+  unsigned subgroupSize; ///< 32 (warp) or 64 (wave64)
+  unsigned blockSize;
+
+  /// The target named `chip`, or nothing for an unknown chip.
+  static std::optional<GpuTarget> lookup(StringRef chip);
+  std::string triple() const;
+  /// The code object's file name in a bundle.
+  std::string objectFile() const;
+};
+
+FailureOr<std::unique_ptr<llvm::TargetMachine>>
+createGpuTargetMachine(const GpuTarget &target, std::string &error);
+
+/// Translates the LLVM-dialect contents of `module` to an optimized LLVM
+/// module for `machine`.
+std::unique_ptr<llvm::Module>
+translateGpuModule(gpu::GPUModuleOp module, llvm::LLVMContext &context,
+                   llvm::TargetMachine &machine, std::string &error);
+
+} // namespace mlir::ce
+
+#endif // CE_CODEGEN_GPUCODEGEN_H

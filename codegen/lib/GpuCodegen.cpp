@@ -1,0 +1,91 @@
+//===- GpuCodegen.cpp - GPU kernels to PTX and HSACO ----------------------===//
+
+#include "ce/Codegen/GpuCodegen.h"
+
+#include "mlir/ExecutionEngine/OptUtils.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/IRMapping.h"
+#include "mlir/Target/LLVMIR/Export.h"
+#include "llvm/MC/TargetRegistry.h"
+#include "llvm/Support/TargetSelect.h"
+#include "llvm/TargetParser/Triple.h"
+
+using namespace mlir;
+using namespace mlir::ce;
+
+std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
+  // Per-chip defaults: 256 threads = 8 warps on sm_90 and 4 wave64 waves on
+  // gfx9 (docs/gpu-mapping.md says why).
+  if (chip == "sm_90")
+    return GpuTarget{chip.str(), false, 32, 256};
+  if (chip == "gfx942" || chip == "gfx950" || chip == "gfx90a")
+    return GpuTarget{chip.str(), true, 64, 256};
+  return std::nullopt;
+}
+
+std::string GpuTarget::triple() const {
+  return amd ? "amdgcn-amd-amdhsa" : "nvptx64-nvidia-cuda";
+}
+
+std::string GpuTarget::objectFile() const {
+  return chip + (amd ? ".hsaco" : ".ptx");
+}
+
+FailureOr<std::unique_ptr<llvm::TargetMachine>>
+mlir::ce::createGpuTargetMachine(const GpuTarget &target, std::string &error) {
+  if (target.amd) {
+    LLVMInitializeAMDGPUTargetInfo();
+    LLVMInitializeAMDGPUTarget();
+    LLVMInitializeAMDGPUTargetMC();
+    LLVMInitializeAMDGPUAsmPrinter();
+  } else {
+    LLVMInitializeNVPTXTargetInfo();
+    LLVMInitializeNVPTXTarget();
+    LLVMInitializeNVPTXTargetMC();
+    LLVMInitializeNVPTXAsmPrinter();
+  }
+  llvm::Triple triple(target.triple());
+  const llvm::Target *llvmTarget =
+      llvm::TargetRegistry::lookupTarget(triple, error);
+  if (!llvmTarget)
+    return failure();
+  // PTX ISA 8.0 is what LLVM 22 needs for sm_90 and what CUDA 12+ drivers
+  // load.
+  std::string features = target.amd ? "" : "+ptx80";
+  llvm::TargetOptions options;
+  std::unique_ptr<llvm::TargetMachine> machine(
+      llvmTarget->createTargetMachine(triple, target.chip, features, options,
+                                      llvm::Reloc::PIC_, std::nullopt,
+                                      llvm::CodeGenOptLevel::Aggressive));
+  if (!machine) {
+    error = "cannot create a target machine for " + target.chip;
+    return failure();
+  }
+  return machine;
+}
+
+std::unique_ptr<llvm::Module>
+mlir::ce::translateGpuModule(gpu::GPUModuleOp module,
+                             llvm::LLVMContext &context,
+                             llvm::TargetMachine &machine, std::string &error) {
+  // The translation works on a builtin.module: clone the kernels into one.
+  OpBuilder builder(module.getContext());
+  OwningOpRef<ModuleOp> holder = ModuleOp::create(module.getLoc());
+  builder.setInsertionPointToStart(holder->getBody());
+  for (Operation &op : module.getBody()->without_terminator())
+    builder.clone(op);
+  std::unique_ptr<llvm::Module> llvmModule =
+      translateModuleToLLVMIR(*holder, context, module.getName());
+  if (!llvmModule) {
+    error = "translation of the GPU kernels to LLVM IR failed";
+    return nullptr;
+  }
+  llvmModule->setTargetTriple(machine.getTargetTriple());
+  llvmModule->setDataLayout(machine.createDataLayout());
+  auto optimize = makeOptimizingTransformer(3, 0, &machine);
+  if (llvm::Error err = optimize(llvmModule.get())) {
+    error = llvm::toString(std::move(err));
+    return nullptr;
+  }
+  return llvmModule;
+}

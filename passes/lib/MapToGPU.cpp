@@ -1,0 +1,116 @@
+//===- MapToGPU.cpp - Map ce ops onto GPU workgroups ----------------------===//
+//
+// One token per workgroup: the per-token lowering of TokenLowering.h with
+// the row split over the workgroup's threads (RowThreads).
+//
+//===----------------------------------------------------------------------===//
+
+#include "TokenLowering.h"
+
+#include "ce/Transforms/Passes.h"
+
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+
+namespace mlir::ce {
+#define GEN_PASS_DEF_CEMAPTOGPU
+#include "ce/Transforms/Passes.h.inc"
+} // namespace mlir::ce
+
+using namespace mlir;
+using namespace mlir::ce;
+using namespace mlir::ce::detail;
+
+namespace {
+
+/// Lanes of one 16-byte load of `logits`' element type.
+unsigned lanesPer16Bytes(Value logits) {
+  Type element = cast<MemRefType>(logits.getType()).getElementType();
+  return 128 / element.getIntOrFloatBitWidth();
+}
+
+struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
+  using Base::Base;
+
+  void runOnOperation() override {
+    if (subgroupSize == 0 || !llvm::has_single_bit(subgroupSize.getValue()) ||
+        blockSize == 0 || blockSize % subgroupSize != 0 || blockSize > 1024) {
+      getOperation().emitError("block-size (")
+          << blockSize.getValue()
+          << ") must be a multiple of the power-of-two subgroup-size ("
+          << subgroupSize.getValue() << ") and at most 1024";
+      return signalPassFailure();
+    }
+    if (unroll == 0) {
+      getOperation().emitError("unroll must be at least 1");
+      return signalPassFailure();
+    }
+    SmallVector<Operation *> ceOps;
+    getOperation().walk([&](Operation *op) {
+      if (isa<ForwardOp, BackwardOp, FusedOp>(op))
+        ceOps.push_back(op);
+    });
+    for (Operation *op : ceOps)
+      if (failed(mapToWorkgroup(op)))
+        return signalPassFailure();
+  }
+
+  LogicalResult mapToWorkgroup(Operation *op) {
+    auto kernel = op->getParentOfType<gpu::GPUFuncOp>();
+    if (!kernel || !kernel.isKernel())
+      return op->emitError("ce ops in a gpu.module must be in a gpu.func "
+                           "kernel");
+    if (op->hasAttr("shard"))
+      return op->emitError("mapping vocab-parallel shards to GPUs is not "
+                           "supported yet");
+    unsigned numSubgroups = blockSize / subgroupSize;
+    MLIRContext *context = &getContext();
+    auto workgroupSpace = gpu::AddressSpaceAttr::get(
+        context, gpu::AddressSpace::Workgroup);
+    auto scratchType =
+        MemRefType::get({3 * static_cast<int64_t>(numSubgroups)},
+                        Float32Type::get(context), MemRefLayoutAttrInterface(),
+                        workgroupSpace);
+    Value scratch = kernel.addWorkgroupAttribution(scratchType, op->getLoc());
+    kernel.setKnownBlockSizeAttr(DenseI32ArrayAttr::get(
+        context, {static_cast<int32_t>(blockSize.getValue()), 1, 1}));
+
+    IRRewriter rewriter(context);
+    rewriter.setInsertionPoint(op);
+    ImplicitLocOpBuilder b(op->getLoc(), rewriter);
+    RowThreads threads;
+    threads.threadId = gpu::ThreadIdOp::create(b, gpu::Dimension::x);
+    threads.numThreads = blockSize;
+    threads.subgroupSize = subgroupSize;
+    threads.scratch = scratch;
+    Value blockId = gpu::BlockIdOp::create(b, gpu::Dimension::x);
+
+    auto lower = [&](auto ceOp) {
+      CrossEntropyLowering lowering(b, OpConfig::get(ceOp), ceOp.getLogits(),
+                                    ceOp.getLabels(),
+                                    lanesPer16Bytes(ceOp.getLogits()),
+                                    unroll, threads);
+      Token token =
+          tokenOfBlock(b, ceOp.getLayout(), ceOp.getLogits(), blockId);
+      return std::make_pair(std::move(lowering), token);
+    };
+    if (auto forward = dyn_cast<ForwardOp>(op)) {
+      auto [lowering, token] = lower(forward);
+      lowering.lowerForward(forward, token);
+    } else if (auto backward = dyn_cast<BackwardOp>(op)) {
+      auto [lowering, token] = lower(backward);
+      lowering.lowerBackward(backward, token);
+    } else {
+      auto fused = cast<FusedOp>(op);
+      Value sharedWeight;
+      if (fused.getWeights().getType().getRank() == 0)
+        sharedWeight = memref::LoadOp::create(b, fused.getWeights(),
+                                              ValueRange{});
+      auto [lowering, token] = lower(fused);
+      lowering.lowerFused(fused, token, sharedWeight);
+    }
+    rewriter.eraseOp(op);
+    return success();
+  }
+};
+
+} // namespace
