@@ -88,72 +88,30 @@ Token mlir::ce::detail::tokenOfBlock(ImplicitLocOpBuilder &b, Layout layout,
 
 namespace {
 
-/// Base of the three op lowerings: carries the sweep options.
+/// ce.forward, ce.backward or ce.fused -> a loop nest over tokens whose
+/// body is the op's per-token code (TokenLowering.h).
 template <typename OpT>
-struct CrossEntropyPattern : OpConversionPattern<OpT> {
-  CrossEntropyPattern(MLIRContext *context, unsigned vectorWidth,
-                      unsigned unroll)
+struct TokenLoopLowering : OpConversionPattern<OpT> {
+  TokenLoopLowering(MLIRContext *context, unsigned vectorWidth,
+                    unsigned unroll)
       : OpConversionPattern<OpT>(context), vectorWidth(vectorWidth),
         unroll(unroll) {}
 
+  LogicalResult
+  matchAndRewrite(OpT op, typename OpT::Adaptor adaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
+    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
+                                  op.getLabels(), vectorWidth, unroll);
+    lowering.prepare(op);
+    buildTokenLoops(b, op.getLayout(), op.getLogits(),
+                    [&](const Token &t) { lowering.lowerToken(op, t); });
+    rewriter.eraseOp(op);
+    return success();
+  }
+
   unsigned vectorWidth;
   unsigned unroll;
-};
-
-/// ce.forward -> per token: statistics sweep, loss and lse stores.
-struct ForwardOpLowering : CrossEntropyPattern<ForwardOp> {
-  using CrossEntropyPattern::CrossEntropyPattern;
-
-  LogicalResult
-  matchAndRewrite(ForwardOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
-    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
-                                  op.getLabels(), vectorWidth, unroll);
-    buildTokenLoops(b, op.getLayout(), op.getLogits(),
-                    [&](const Token &t) { lowering.lowerForward(op, t); });
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
-
-/// ce.backward -> per token: one gradient sweep from the stored lse.
-struct BackwardOpLowering : CrossEntropyPattern<BackwardOp> {
-  using CrossEntropyPattern::CrossEntropyPattern;
-
-  LogicalResult
-  matchAndRewrite(BackwardOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
-    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
-                                  op.getLabels(), vectorWidth, unroll);
-    buildTokenLoops(b, op.getLayout(), op.getLogits(),
-                    [&](const Token &t) { lowering.lowerBackward(op, t); });
-    rewriter.eraseOp(op);
-    return success();
-  }
-};
-
-/// ce.fused -> per token: statistics sweep, loss and lse, gradient sweep.
-struct FusedOpLowering : CrossEntropyPattern<FusedOp> {
-  using CrossEntropyPattern::CrossEntropyPattern;
-
-  LogicalResult
-  matchAndRewrite(FusedOp op, OpAdaptor adaptor,
-                  ConversionPatternRewriter &rewriter) const override {
-    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
-    CrossEntropyLowering lowering(b, OpConfig::get(op), op.getLogits(),
-                                  op.getLabels(), vectorWidth, unroll);
-    bool scalarWeight = op.getWeights().getType().getRank() == 0;
-    Value sharedWeight;
-    if (scalarWeight)
-      sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
-    buildTokenLoops(b, op.getLayout(), op.getLogits(), [&](const Token &t) {
-      lowering.lowerFused(op, t, sharedWeight);
-    });
-    rewriter.eraseOp(op);
-    return success();
-  }
 };
 
 struct CELowerToLoopsPass
@@ -187,8 +145,8 @@ struct CELowerToLoopsPass
                            memref::MemRefDialect, scf::SCFDialect,
                            vector::VectorDialect>();
     RewritePatternSet patterns(context);
-    patterns.add<ForwardOpLowering, BackwardOpLowering, FusedOpLowering>(
-        context, vectorWidth, unroll);
+    patterns.add<TokenLoopLowering<ForwardOp>, TokenLoopLowering<BackwardOp>,
+                 TokenLoopLowering<FusedOp>>(context, vectorWidth, unroll);
     if (failed(applyPartialConversion(getOperation(), target,
                                       std::move(patterns))))
       signalPassFailure();

@@ -89,25 +89,16 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
                                     ceOp.getLabels(),
                                     lanesPer16Bytes(ceOp.getLogits()),
                                     unroll, threads);
-      Token token =
-          tokenOfBlock(b, ceOp.getLayout(), ceOp.getLogits(), blockId);
-      return std::make_pair(std::move(lowering), token);
+      lowering.prepare(ceOp);
+      lowering.lowerToken(
+          ceOp, tokenOfBlock(b, ceOp.getLayout(), ceOp.getLogits(), blockId));
     };
-    if (auto forward = dyn_cast<ForwardOp>(op)) {
-      auto [lowering, token] = lower(forward);
-      lowering.lowerForward(forward, token);
-    } else if (auto backward = dyn_cast<BackwardOp>(op)) {
-      auto [lowering, token] = lower(backward);
-      lowering.lowerBackward(backward, token);
-    } else {
-      auto fused = cast<FusedOp>(op);
-      Value sharedWeight;
-      if (fused.getWeights().getType().getRank() == 0)
-        sharedWeight = memref::LoadOp::create(b, fused.getWeights(),
-                                              ValueRange{});
-      auto [lowering, token] = lower(fused);
-      lowering.lowerFused(fused, token, sharedWeight);
-    }
+    if (auto forward = dyn_cast<ForwardOp>(op))
+      lower(forward);
+    else if (auto backward = dyn_cast<BackwardOp>(op))
+      lower(backward);
+    else
+      lower(cast<FusedOp>(op));
     rewriter.eraseOp(op);
     return success();
   }

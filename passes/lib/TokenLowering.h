@@ -226,24 +226,22 @@ public:
         });
   }
 
+  /// Work done once per op, before any token: the fused op's scalar weight
+  /// is loaded once.
+  void prepare(ForwardOp) {}
+  void prepare(BackwardOp) {}
+  void prepare(FusedOp op) {
+    if (op.getWeights().getType().getRank() == 0)
+      sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
+  }
+
   /// ce.forward for one token: statistics sweep, loss and lse stores.
-  void lowerForward(ForwardOp op, const Token &t) {
-    LabelInfo label = readLabel(t);
-    RowStats stats =
-        rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
-    Value lse = rows.buildLogSumExp(stats);
-    Value logProb = arith::SubFOp::create(
-        b, arith::SubFOp::create(b, label.target, stats.max),
-        rows.buildLog1p(stats.rest));
-    Value loss = buildLoss(label, stats, lse, logProb);
-    leaderOnly([&] {
-      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
-      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
-    });
+  void lowerToken(ForwardOp op, const Token &t) {
+    buildLossAndLse(t, op.getLoss(), op.getLse());
   }
 
   /// ce.backward for one token: one gradient sweep from the stored lse.
-  void lowerBackward(BackwardOp op, const Token &t) {
+  void lowerToken(BackwardOp op, const Token &t) {
     LabelInfo label = readLabel(t);
     // Under overwrite_input another thread's sweep may overwrite x[y].
     if (op.getOverwriteInput())
@@ -257,8 +255,25 @@ public:
   }
 
   /// ce.fused for one token: statistics, loss and lse, gradient sweep.
-  /// `sharedWeight` is the scalar weight, loaded once, or null.
-  void lowerFused(FusedOp op, const Token &t, Value sharedWeight) {
+  void lowerToken(FusedOp op, const Token &t) {
+    TokenForward forward = buildLossAndLse(t, op.getLoss(), op.getLse());
+    Value weight =
+        sharedWeight
+            ? sharedWeight
+            : memref::LoadOp::create(b, op.getWeights(), t.indices).getResult();
+    buildGradient(t, op.getGrad(), forward.label, forward.lse,
+                  forward.logProb, weight);
+  }
+
+  /// What the forward part of a token leaves for a gradient.
+  struct TokenForward {
+    LabelInfo label;
+    Value lse;
+    Value logProb; ///< log p_y from the unrounded statistics
+  };
+
+  /// Statistics sweep, loss, and the loss and lse stores of one token.
+  TokenForward buildLossAndLse(const Token &t, Value lossOut, Value lseOut) {
     LabelInfo label = readLabel(t);
     RowStats stats =
         rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
@@ -268,18 +283,15 @@ public:
         rows.buildLog1p(stats.rest));
     Value loss = buildLoss(label, stats, lse, logProb);
     leaderOnly([&] {
-      memref::StoreOp::create(b, loss, op.getLoss(), t.indices);
-      memref::StoreOp::create(b, lse, op.getLse(), t.indices);
+      memref::StoreOp::create(b, loss, lossOut, t.indices);
+      memref::StoreOp::create(b, lse, lseOut, t.indices);
     });
-    Value weight =
-        sharedWeight
-            ? sharedWeight
-            : memref::LoadOp::create(b, op.getWeights(), t.indices).getResult();
-    buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+    return {label, lse, logProb};
   }
 
   ImplicitLocOpBuilder &b;
   RowLoopBuilder rows;
+  Value sharedWeight; ///< f32, the fused op's scalar weight, or null
   Value isLeader; ///< i1, thread 0 of the workgroup; null on the host
   OpConfig config;
   Value logits;
