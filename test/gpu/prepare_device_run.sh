@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds, on this machine, what test/gpu/test_h200.py needs on a GPU machine
+# that has PyTorch but no LLVM (so no ce-gen), under .dev/ (git-ignored):
+#   .dev/lib/libce_runtime.so  the runtime; libstdc++ and libgcc linked in and
+#                              hidden, so it loads next to any PyTorch on any
+#                              x86-64 glibc Linux
+#   .dev/bundles/{dtypes,options,overwrite}
+#                              sm_90 bundles with the kernels of
+#                              test/runtime/CMakeLists.txt's numerics bundles
+# Then, on the GPU machine (the `run` tool carries .dev):
+#   python3 test/gpu/test_h200.py --runtime .dev/lib/libce_runtime.so \
+#     --bundles .dev/bundles/dtypes .dev/bundles/options .dev/bundles/overwrite
+# CE_GEN (default build/bin/ce-gen) and BUILD_DIR (default build-gpu-runtime)
+# may be set.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CE_GEN=${CE_GEN:-build/bin/ce-gen}
+BUILD_DIR=${BUILD_DIR:-build-gpu-runtime}
+
+cmake -S runtime -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCE_RUNTIME_BUILD_TESTS=OFF \
+  "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic" \
+  >/dev/null
+ninja -C "$BUILD_DIR" -j"${CE_JOBS:-2}" ce_runtime
+mkdir -p .dev/lib
+cp -L "$BUILD_DIR/libce_runtime.so" .dev/lib/libce_runtime.so
+
+rm -rf .dev/bundles
+mkdir -p .dev/bundles
+common=(--target=sm_90 --op=forward,backward,fused --logits=bf16,f16,f32)
+"$CE_GEN" "${common[@]}" -o .dev/bundles/dtypes --labels=i32,i64 \
+  --layout=flat,sbv_bs,sbv_sb --ignore-index=-100 --label-smoothing=0 \
+  --z-loss=0 --overwrite=0 --weights=token
+"$CE_GEN" "${common[@]}" -o .dev/bundles/options --labels=i64 \
+  --layout=sbv_bs --ignore-index=none,-100 --label-smoothing=0,0.1 \
+  --z-loss=0,1e-4 --overwrite=0 --weights=scalar
+"$CE_GEN" "${common[@]}" -o .dev/bundles/overwrite --labels=i64 \
+  --layout=flat,sbv_sb --ignore-index=-100 --label-smoothing=0.1 \
+  --z-loss=1e-4 --overwrite=1 --weights=scalar,token
+echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
+du -sh .dev/lib .dev/bundles
