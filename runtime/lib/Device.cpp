@@ -68,10 +68,14 @@ Status checkLabelStatus(ce_device_type device, int32_t deviceIndex,
   // Host launches report at the call; nothing is ever pending there.
   if (device == CE_DEVICE_HOST)
     return Status::ok();
-  if (Status status = checkDeviceAvailable(device, deviceIndex);
-      !status.isOk())
-    return status;
   GpuDriver &driver = *GpuDriver::forDevice(device);
+  Status status = driver.available();
+  if (status.isOk())
+    status = driver.checkDevice(deviceIndex);
+  if (!status.isOk())
+    return Status::error(status.code(), status.message() + "; asked about " +
+                                            driver.apiName() + " device " +
+                                            std::to_string(deviceIndex));
   DeviceScope scope;
   if (Status status = driver.enter(deviceIndex, scope); !status.isOk())
     return status;
