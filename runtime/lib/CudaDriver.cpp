@@ -53,18 +53,18 @@ public:
     DeviceInfo &device = devices[index];
     if (device.target.empty()) {
       int major = 0, minor = 0;
-      if (Status status = check(api.cuDeviceGetAttribute(
-                                    &major,
-                                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                                    device.handle),
-                                "cuDeviceGetAttribute");
+      if (Status status =
+              check(api.cuDeviceGetAttribute(
+                        &major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                        device.handle),
+                    "cuDeviceGetAttribute");
           !status.isOk())
         return status;
-      if (Status status = check(api.cuDeviceGetAttribute(
-                                    &minor,
-                                    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-                                    device.handle),
-                                "cuDeviceGetAttribute");
+      if (Status status =
+              check(api.cuDeviceGetAttribute(
+                        &minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                        device.handle),
+                    "cuDeviceGetAttribute");
           !status.isOk())
         return status;
       device.target = "sm_" + std::to_string(major) + std::to_string(minor);
@@ -90,7 +90,8 @@ public:
     CUcontext primary = nullptr;
     if (Status status = primaryContext(index, primary); !status.isOk())
       return status;
-    if (Status status = check(api.cuCtxPushCurrent(primary), "cuCtxPushCurrent");
+    if (Status status =
+            check(api.cuCtxPushCurrent(primary), "cuCtxPushCurrent");
         !status.isOk())
       return status;
     scope.driver = this;
@@ -135,15 +136,15 @@ public:
     CUresult result = api.cuModuleGetFunction(
         &found, static_cast<CUmodule>(module), symbol.c_str());
     if (result != CUDA_SUCCESS)
-      return Status::bundleError("kernel symbol '" + symbol +
-                                 "' not found in the CUDA module: " +
-                                 errorText(result));
+      return Status::bundleError(
+          "kernel symbol '" + symbol +
+          "' not found in the CUDA module: " + errorText(result));
     if (ldsBytes > kDefaultSharedBytes)
-      if (Status status = check(
-              api.cuFuncSetAttribute(
-                  found, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                  static_cast<int>(ldsBytes)),
-              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+      if (Status status =
+              check(api.cuFuncSetAttribute(
+                        found, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        static_cast<int>(ldsBytes)),
+                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
           !status.isOk())
         return status;
     function = found;
@@ -152,8 +153,8 @@ public:
 
   Status launch(void *function, uint32_t gridSize, uint32_t blockSize,
                 uint32_t ldsBytes, void *stream, void **params) override {
-    return check(api.cuLaunchKernel(static_cast<CUfunction>(function),
-                                    gridSize, 1, 1, blockSize, 1, 1, ldsBytes,
+    return check(api.cuLaunchKernel(static_cast<CUfunction>(function), gridSize,
+                                    1, 1, blockSize, 1, 1, ldsBytes,
                                     static_cast<CUstream>(stream), params,
                                     nullptr),
                  "cuLaunchKernel");
@@ -161,9 +162,9 @@ public:
 
   Status isCapturing(void *stream, bool &capturing) override {
     int status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (Status error = check(api.cuStreamIsCapturing(
-                                 static_cast<CUstream>(stream), &status),
-                             "cuStreamIsCapturing");
+    if (Status error = check(
+            api.cuStreamIsCapturing(static_cast<CUstream>(stream), &status),
+            "cuStreamIsCapturing");
         !error.isOk())
       return error;
     capturing = status != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -184,11 +185,10 @@ public:
   }
 
   Status allocateMapped(size_t bytes, void *&host, void *&device) override {
-    if (Status status =
-            check(api.cuMemHostAlloc(&host, bytes,
-                                     CU_MEMHOSTALLOC_PORTABLE |
-                                         CU_MEMHOSTALLOC_DEVICEMAP),
-                  "cuMemHostAlloc");
+    if (Status status = check(api.cuMemHostAlloc(&host, bytes,
+                                                 CU_MEMHOSTALLOC_PORTABLE |
+                                                     CU_MEMHOSTALLOC_DEVICEMAP),
+                              "cuMemHostAlloc");
         !status.isOk())
       return status;
     CUdeviceptr mapped = 0;
@@ -201,11 +201,11 @@ public:
   }
 
   Status copyToHost(void *host, const void *device, size_t bytes) override {
-    return check(api.cuMemcpyDtoH(host,
-                                  static_cast<CUdeviceptr>(
-                                      reinterpret_cast<uintptr_t>(device)),
-                                  bytes),
-                 "cuMemcpyDtoH");
+    return check(
+        api.cuMemcpyDtoH(
+            host, static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(device)),
+            bytes),
+        "cuMemcpyDtoH");
   }
 
   int relaxCaptureMode() override {
@@ -247,8 +247,8 @@ private:
                                (reason ? reason : "dlopen failed") + ")");
     }
 #define CE_CUDA_RESOLVE(member, name, ...)                                     \
-  if (!(api.member = reinterpret_cast<decltype(api.member)>(                   \
-            ::dlsym(handle, name))))                                           \
+  if (!(api.member =                                                           \
+            reinterpret_cast<decltype(api.member)>(::dlsym(handle, name))))    \
     return Status::error(CE_ERROR_NO_DEVICE,                                   \
                          std::string("no CUDA device: ") + kLibraryName +      \
                              " has no " name                                   \
@@ -316,8 +316,8 @@ private:
                              result == CUDA_ERROR_NOT_INITIALIZED
                          ? CE_ERROR_NO_DEVICE
                          : CE_ERROR_BACKEND;
-    return Status::error(code, std::string(call) +
-                                   " failed: " + errorText(result));
+    return Status::error(code,
+                         std::string(call) + " failed: " + errorText(result));
   }
 
   std::once_flag initialized;

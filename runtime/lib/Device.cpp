@@ -42,17 +42,16 @@ Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex) {
   if (status.isOk())
     status = driver->checkDevice(deviceIndex);
   if (!status.isOk())
-    return Status::error(status.code(),
-                         status.message() + "; the tensors are on " +
-                             driver->apiName() + " device " +
-                             std::to_string(deviceIndex));
+    return Status::error(status.code(), status.message() +
+                                            "; the tensors are on " +
+                                            driver->apiName() + " device " +
+                                            std::to_string(deviceIndex));
   return Status::ok();
 }
 
 Status deviceTarget(ce_device_type device, int32_t deviceIndex,
                     std::string &target, std::string &description) {
-  if (Status status = checkDeviceAvailable(device, deviceIndex);
-      !status.isOk())
+  if (Status status = checkDeviceAvailable(device, deviceIndex); !status.isOk())
     return status;
   if (device == CE_DEVICE_HOST) {
     target = kHostTarget;

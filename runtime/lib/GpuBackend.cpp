@@ -147,13 +147,13 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
                 !status.isOk())
               return status;
             loaded.info = &info;
-            if (Status status = driver.getFunction(module.module, info.symbol,
-                                                   info.launch.ldsBytes,
-                                                   loaded.entry);
+            if (Status status =
+                    driver.getFunction(module.module, info.symbol,
+                                       info.launch.ldsBytes, loaded.entry);
                 !status.isOk())
               return Status::error(status.code(),
-                                   status.message() + " (kernel \"" +
-                                       info.key + "\" of '" +
+                                   status.message() + " (kernel \"" + info.key +
+                                       "\" of '" +
                                        bundle.objectPath(info.object) + "')");
             return Status::ok();
           },

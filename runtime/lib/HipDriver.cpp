@@ -26,9 +26,9 @@ namespace {
 
 /// The development symlink first (what ROCm installs for linking), then the
 /// runtime sonames of the releases this runtime knows.
-constexpr const char *kLibraryNames[] = {
-    "libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6",
-    "libamdhip64.so.5"};
+constexpr const char *kLibraryNames[] = {"libamdhip64.so", "libamdhip64.so.7",
+                                         "libamdhip64.so.6",
+                                         "libamdhip64.so.5"};
 
 /// The "gfxNNN" at `text` (hex digits after "gfx"), or "".
 std::string archAt(const char *text, size_t room) {
@@ -70,8 +70,9 @@ public:
     std::string &arch = archNames[index];
     if (arch.empty()) {
       std::vector<char> properties(kDevicePropBytes, '\0');
-      if (Status status = check(api.getDeviceProperties(properties.data(), index),
-                                "hipGetDeviceProperties");
+      if (Status status =
+              check(api.getDeviceProperties(properties.data(), index),
+                    "hipGetDeviceProperties");
           !status.isOk())
         return status;
       arch = archAt(properties.data() + api.archNameOffset,
@@ -111,10 +112,10 @@ public:
     hipModule_t loaded = nullptr;
     if (hipError_t result = api.hipModuleLoadData(&loaded, image.data());
         result != hipSuccess)
-      return Status::error(CE_ERROR_BACKEND,
-                           "cannot load '" + name +
-                               "' on HIP: hipModuleLoadData failed: " +
-                               errorText(result));
+      return Status::error(
+          CE_ERROR_BACKEND,
+          "cannot load '" + name +
+              "' on HIP: hipModuleLoadData failed: " + errorText(result));
     module = loaded;
     return Status::ok();
   }
@@ -137,9 +138,9 @@ public:
     if (hipError_t result = api.hipModuleGetFunction(
             &found, static_cast<hipModule_t>(module), symbol.c_str());
         result != hipSuccess)
-      return Status::bundleError("kernel symbol '" + symbol +
-                                 "' not found in the HIP module: " +
-                                 errorText(result));
+      return Status::bundleError(
+          "kernel symbol '" + symbol +
+          "' not found in the HIP module: " + errorText(result));
     function = found;
     return Status::ok();
   }
@@ -161,9 +162,9 @@ public:
 
   Status isCapturing(void *stream, bool &capturing) override {
     int status = hipStreamCaptureStatusNone;
-    if (Status error = check(api.hipStreamIsCapturing(
-                                 static_cast<hipStream_t>(stream), &status),
-                             "hipStreamIsCapturing");
+    if (Status error = check(
+            api.hipStreamIsCapturing(static_cast<hipStream_t>(stream), &status),
+            "hipStreamIsCapturing");
         !error.isOk())
       return error;
     capturing = status != hipStreamCaptureStatusNone;
@@ -184,11 +185,11 @@ public:
   }
 
   Status allocateMapped(size_t bytes, void *&host, void *&device) override {
-    if (Status status = check(
-            api.hipHostMalloc(&host, bytes,
-                              hipHostMallocMapped | hipHostMallocPortable |
-                                  hipHostMallocCoherent),
-            "hipHostMalloc");
+    if (Status status = check(api.hipHostMalloc(&host, bytes,
+                                                hipHostMallocMapped |
+                                                    hipHostMallocPortable |
+                                                    hipHostMallocCoherent),
+                              "hipHostMalloc");
         !status.isOk())
       return status;
     return check(api.hipHostGetDevicePointer(&device, host, 0),
@@ -236,8 +237,8 @@ private:
                            "library libamdhip64.so (" +
                                reasons + ")");
 #define CE_HIP_RESOLVE(member, name, ...)                                      \
-  if (!(api.member = reinterpret_cast<decltype(api.member)>(                   \
-            ::dlsym(handle, name))))                                           \
+  if (!(api.member =                                                           \
+            reinterpret_cast<decltype(api.member)>(::dlsym(handle, name))))    \
     return Status::error(CE_ERROR_NO_DEVICE,                                   \
                          "no HIP device: libamdhip64 has no " name             \
                          " (ROCm 5.2 or newer is needed)");
@@ -275,7 +276,8 @@ private:
 
   /// "hipErrorX (description)".
   std::string errorText(hipError_t result) const {
-    const char *name = api.hipGetErrorName ? api.hipGetErrorName(result) : nullptr;
+    const char *name =
+        api.hipGetErrorName ? api.hipGetErrorName(result) : nullptr;
     const char *text =
         api.hipGetErrorString ? api.hipGetErrorString(result) : nullptr;
     std::string message = name ? name : "HIP error " + std::to_string(result);

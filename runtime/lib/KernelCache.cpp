@@ -63,8 +63,8 @@ void KernelCache::evictBundle(uint64_t bundleId) {
       modules.lower_bound(ModuleCacheKey{bundleId + 1, "", {}, 0, 0});
   for (auto it = firstModule; it != lastModule; ++it)
     if (it->second.driver)
-      it->second.driver->unloadModule(it->first.deviceIndex,
-                                      it->first.context, it->second.module);
+      it->second.driver->unloadModule(it->first.deviceIndex, it->first.context,
+                                      it->second.module);
   modules.erase(firstModule, lastModule);
 }
 

@@ -96,29 +96,29 @@ Status labelStatusError(int64_t status, const LabelContext &context,
   int64_t label = 0;
   std::string reason;
   if (!read(labels, offset, label, reason))
-    return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
-                         "label out of range at " + at +
-                             ": its label is not in " + range + " and " +
-                             ignore + " (the label can no longer be read: " +
-                             reason + "); " + poisoned(context.variant.op));
+    return Status::error(
+        CE_ERROR_LABEL_OUT_OF_RANGE,
+        "label out of range at " + at + ": its label is not in " + range +
+            " and " + ignore + " (the label can no longer be read: " + reason +
+            "); " + poisoned(context.variant.op));
   bool inRange = label >= 0 && label < context.vocabSize;
   bool ignored =
       context.variant.ignoreIndex && label == *context.variant.ignoreIndex;
   if (inRange || ignored) {
     if (deferred)
-      return Status::error(
-          CE_ERROR_LABEL_OUT_OF_RANGE,
-          "label out of range at " + at + ": its label was not in " + range +
-              " and " + ignore + " when the kernel ran (it now reads " +
-              std::to_string(label) +
-              ": the labels changed after the launch); " +
-              poisoned(context.variant.op));
-    return Status::error(
-        CE_ERROR_BACKEND,
-        "the kernel reported " + at +
-            " as having a bad label, but its "
-            "label " +
-            std::to_string(label) + " is valid (in " + range + " or ignored)");
+      return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
+                           "label out of range at " + at +
+                               ": its label was not in " + range + " and " +
+                               ignore + " when the kernel ran (it now reads " +
+                               std::to_string(label) +
+                               ": the labels changed after the launch); " +
+                               poisoned(context.variant.op));
+    return Status::error(CE_ERROR_BACKEND,
+                         "the kernel reported " + at +
+                             " as having a bad label, but its "
+                             "label " +
+                             std::to_string(label) + " is valid (in " + range +
+                             " or ignored)");
   }
   return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,
                        "label out of range at " + at + ": label " +

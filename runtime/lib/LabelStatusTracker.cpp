@@ -82,7 +82,7 @@ struct LabelStatusTracker::StreamState {
   std::mutex mutex;
   WordBlock words; ///< kRingSlots ring slots, then the overflow word.
   std::vector<LaunchRecord> records = std::vector<LaunchRecord>(kRingSlots);
-  uint64_t launches = 0;             ///< Launches so far.
+  uint64_t launches = 0;               ///< Launches so far.
   uint64_t ringHead = 0, ringTail = 0; ///< Ring sequence numbers in use.
   LaunchRecord overflowFirst;
   uint64_t overflowCount = 0, overflowLast = 0;
@@ -179,8 +179,8 @@ Status LabelStatusTracker::acquire(GpuDriver &driver, int32_t index,
   return Status::ok();
 }
 
-Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
-                                 void *stream, bool wait) {
+Status LabelStatusTracker::check(GpuDriver &driver, int32_t index, void *stream,
+                                 bool wait) {
   StreamState *state = nullptr;
   if (Status status = streamState(driver, index, stream, false, state);
       !status.isOk())
@@ -188,8 +188,8 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
   DeviceState *device = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    auto found = devices.find(
-        DeviceKey{static_cast<int>(driver.deviceType()), index});
+    auto found =
+        devices.find(DeviceKey{static_cast<int>(driver.deviceType()), index});
     if (found != devices.end())
       device = found->second.get();
   }
@@ -224,8 +224,8 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
   }
 
   Finding finding;
-  std::string device_ = std::string(driver.apiName()) + " device " +
-                        std::to_string(index);
+  std::string device_ =
+      std::string(driver.apiName()) + " device " + std::to_string(index);
   if (state) {
     std::lock_guard<std::mutex> lock(state->mutex);
     for (uint64_t sequence = state->ringHead; sequence < state->ringTail;
@@ -237,8 +237,8 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
         continue;
       record.reported = true;
       finding.add(record, value,
-                  "launch " + std::to_string(record.number) + " on " +
-                      device_ + ", " + streamName(stream));
+                  "launch " + std::to_string(record.number) + " on " + device_ +
+                      ", " + streamName(stream));
     }
     if (state->overflowCount && !state->overflowReported) {
       if (int64_t value = loadWord(state->words.host + kRingSlots)) {
@@ -276,10 +276,10 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
         continue;
       // Cleared so that a later replay can report again.
       clearWord(word);
-      finding.add(device->graphRecords[slot], value,
-                  "a launch captured into a graph on " + device_ + ", " +
-                      streamName(reinterpret_cast<void *>(
-                          device->graphStreams[slot])));
+      finding.add(
+          device->graphRecords[slot], value,
+          "a launch captured into a graph on " + device_ + ", " +
+              streamName(reinterpret_cast<void *>(device->graphStreams[slot])));
     }
   }
   if (!finding.first)
@@ -301,7 +301,8 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index,
   LabelReader readDevice = [&](const ce_tensor &labels, int64_t offset,
                                int64_t &label, std::string &reason) {
     int64_t size = labels.dtype == CE_DTYPE_I32 ? 4 : 8;
-    const char *address = static_cast<const char *>(labels.data) + offset * size;
+    const char *address =
+        static_cast<const char *>(labels.data) + offset * size;
     int32_t narrow = 0;
     void *target = size == 4 ? static_cast<void *>(&narrow) : &label;
     Status status = driver.copyToHost(target, address, size);

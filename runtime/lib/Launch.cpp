@@ -66,15 +66,15 @@ Status variantNotFoundError(const Bundle &bundle, const std::string &target,
                             const LaunchPlan &plan,
                             const std::string &deviceDescription) {
   std::string key = plan.variant.str();
-  std::string message = "kernel variant not found in bundle '" +
-                        bundle.directory() + "' for target " + target +
-                        (deviceDescription.empty()
-                             ? std::string()
-                             : " (" + deviceDescription + ")") +
-                        ": \"" + key + "\"; generate it with `ce-gen --target=" +
-                        target + " -o DIR " + ceGenOptions(plan.variant) +
-                        "` (or add these values to the option lists the "
-                        "bundle was generated with)";
+  std::string message =
+      "kernel variant not found in bundle '" + bundle.directory() +
+      "' for target " + target +
+      (deviceDescription.empty() ? std::string()
+                                 : " (" + deviceDescription + ")") +
+      ": \"" + key + "\"; generate it with `ce-gen --target=" + target +
+      " -o DIR " + ceGenOptions(plan.variant) +
+      "` (or add these values to the option lists the "
+      "bundle was generated with)";
   // Which targets the bundle has at all, and which of them have this key.
   std::set<std::string> targets, targetsWithKey;
   for (const KernelInfo &kernel : bundle.kernels()) {
@@ -134,8 +134,8 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
   }
 
   LoadedKernel kernel;
-  KernelCacheKey cacheKey{bundle.id(), info->key, plan.device,
-                          plan.deviceIndex, 0};
+  KernelCacheKey cacheKey{bundle.id(), info->key, plan.device, plan.deviceIndex,
+                          0};
   if (Status status = KernelCache::global().getOrLoad(
           cacheKey,
           [&](LoadedKernel &loaded) {

@@ -348,18 +348,17 @@ Status ManifestReader::readKernel(const json::Value &value,
                          "\", expected \"shared-object\"");
   } else if (isCudaTarget(kernel.target) || isHipTarget(kernel.target)) {
     if (kernel.abi != kMemrefDescriptorFieldsAbi)
-      return errorAt(*value.get("abi"),
-                     name + ": unknown abi \"" + kernel.abi + "\" for " +
-                         kernel.target + " (expected \"" +
-                         kMemrefDescriptorFieldsAbi + "\")");
+      return errorAt(*value.get("abi"), name + ": unknown abi \"" + kernel.abi +
+                                            "\" for " + kernel.target +
+                                            " (expected \"" +
+                                            kMemrefDescriptorFieldsAbi + "\")");
     bool cuda = isCudaTarget(kernel.target);
     bool kindOk = cuda ? object->kind == "ptx" || object->kind == "cubin"
                        : object->kind == "hsaco";
     if (!kindOk)
       return errorAt(*value.get("object"),
-                     name + ": " + kernel.target + " object \"" +
-                         object->file + "\" has kind \"" + object->kind +
-                         "\", expected " +
+                     name + ": " + kernel.target + " object \"" + object->file +
+                         "\" has kind \"" + object->kind + "\", expected " +
                          (cuda ? "\"ptx\" or \"cubin\"" : "\"hsaco\""));
   }
 

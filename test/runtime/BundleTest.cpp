@@ -399,8 +399,8 @@ std::string gpuManifest(const std::string &target, const std::string &file,
          file + R"(", "target": ")" + target + R"(", "kind": ")" + kind +
          R"("}], "kernels": [{"key": ")" + forwardKey().str() +
          R"(", "target": ")" + target + R"(", "object": ")" + file +
-         R"(", "symbol": "ce_forward_0", "abi": ")" + abi +
-         R"(", "launch": )" + launch + R"(, "args": )" + args + "}]}";
+         R"(", "symbol": "ce_forward_0", "abi": ")" + abi + R"(", "launch": )" +
+         launch + R"(, "args": )" + args + "}]}";
 }
 
 TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
@@ -417,11 +417,10 @@ TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
         std::tuple{"gfx90a", "gfx90a.hsaco", "hsaco"}}) {
     SCOPED_TRACE(std::string(target) + " " + kind);
     ce_bundle *bundle = nullptr;
-    ASSERT_EQ(ce_bundle_open(
-                  writeBundle(dir, gpuManifest(target, file, kind, fields,
-                                               shape))
-                      .c_str(),
-                  &bundle),
+    ASSERT_EQ(ce_bundle_open(writeBundle(dir, gpuManifest(target, file, kind,
+                                                          fields, shape))
+                                 .c_str(),
+                             &bundle),
               CE_OK)
         << ce_last_error_message();
     EXPECT_STREQ(ce_bundle_kernel_target(bundle, 0), target);
@@ -443,11 +442,13 @@ TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
       {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
                    R"({"block_size": 0, "rows_per_block": 1, "lds_bytes": 0})"),
        "block_size\" must be in [1, 1024] for a GPU kernel"},
-      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
-                   R"({"block_size": 2048, "rows_per_block": 1, "lds_bytes": 0})"),
+      {gpuManifest(
+           "sm_90", "sm_90.ptx", "ptx", fields,
+           R"({"block_size": 2048, "rows_per_block": 1, "lds_bytes": 0})"),
        "block_size\" must be in [1, 1024] for a GPU kernel"},
-      {gpuManifest("gfx90a", "gfx90a.hsaco", "hsaco", fields,
-                   R"({"block_size": 256, "rows_per_block": 0, "lds_bytes": 0})"),
+      {gpuManifest(
+           "gfx90a", "gfx90a.hsaco", "hsaco", fields,
+           R"({"block_size": 256, "rows_per_block": 0, "lds_bytes": 0})"),
        "rows_per_block\" must be at least 1 for a GPU kernel"},
       {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
                    R"({"block_size": 256, "rows_per_block": 1})"),

@@ -19,8 +19,8 @@
 
 #include <atomic>
 #include <cstdio>
-#include <set>
 #include <dlfcn.h>
+#include <set>
 #include <thread>
 
 using namespace ce;
@@ -96,8 +96,8 @@ public:
       std::string file = target + (cuda ? ".ptx" : ".hsaco");
       std::string text = objectText;
       for (const GpuKernelSpec &kernel : kernels)
-        text += kernel.symbol + " " + std::to_string(paramCount(kernel.key)) +
-                "\n";
+        text +=
+            kernel.symbol + " " + std::to_string(paramCount(kernel.key)) + "\n";
       dir.write(file, text);
       objects += std::string(objects.empty() ? "" : ", ") + "{\"file\": \"" +
                  file + "\", \"target\": \"" + target + "\", \"kind\": \"" +
@@ -108,10 +108,10 @@ public:
           args += std::string(args.empty() ? "" : ", ") + "{\"role\": \"" +
                   role + "\", \"rank\": " + std::to_string(rank) +
                   ", \"dtype\": \"" + dtype + "\"}";
-        entries += std::string(entries.empty() ? "" : ",\n") +
-                   "{\"key\": \"" + kernel.key.str() + "\", \"target\": \"" +
-                   target + "\", \"object\": \"" + file +
-                   "\", \"symbol\": \"" + kernel.symbol +
+        entries += std::string(entries.empty() ? "" : ",\n") + "{\"key\": \"" +
+                   kernel.key.str() + "\", \"target\": \"" + target +
+                   "\", \"object\": \"" + file + "\", \"symbol\": \"" +
+                   kernel.symbol +
                    "\", \"abi\": \"memref-descriptor-fields\", \"launch\": "
                    "{\"block_size\": " +
                    std::to_string(blockSize) +
@@ -143,8 +143,7 @@ struct GpuProblem {
   std::vector<int64_t> labels;
   ce_tensor tLogits, tLabels, tLoss, tLse;
 
-  GpuProblem(ce_device_type device, int32_t index, int64_t n = 5,
-             int64_t v = 7)
+  GpuProblem(ce_device_type device, int32_t index, int64_t n = 5, int64_t v = 7)
       : n(n), v(v), logits(n * (v + 3) + 1), loss(2 * n + 1), lse(n + 1),
         labels(3 * n + 1) {
     for (int64_t i = 0; i < n; ++i)
@@ -194,8 +193,8 @@ protected:
   /// Writes `value` into the status word of the last launch, as a kernel
   /// that met a bad label does: the last argument's aligned pointer.
   void kernelReports(int64_t value) {
-    int64_t *word = reinterpret_cast<int64_t *>(
-        state().params[state().numParams - 5 + 1]);
+    int64_t *word =
+        reinterpret_cast<int64_t *>(state().params[state().numParams - 5 + 1]);
     *word = value;
   }
   int64_t *lastStatusWord() {
@@ -226,11 +225,28 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   // logits [5, 7] strides [10, 1]; labels [5] stride 3; loss [5] stride 2;
   // lse [5] stride 1; status [1] stride 1.
   auto ptr = [](const void *p) { return uint64_t(uintptr_t(p)); };
-  std::vector<uint64_t> expected = {
-      ptr(p.logits.data()), ptr(p.logits.data()), 0, 5, 7, 10, 1,
-      ptr(p.labels.data()), ptr(p.labels.data()), 0, 5, 3,
-      ptr(p.loss.data()),   ptr(p.loss.data()),   0, 5, 2,
-      ptr(p.lse.data()),    ptr(p.lse.data()),    0, 5, 1};
+  std::vector<uint64_t> expected = {ptr(p.logits.data()),
+                                    ptr(p.logits.data()),
+                                    0,
+                                    5,
+                                    7,
+                                    10,
+                                    1,
+                                    ptr(p.labels.data()),
+                                    ptr(p.labels.data()),
+                                    0,
+                                    5,
+                                    3,
+                                    ptr(p.loss.data()),
+                                    ptr(p.loss.data()),
+                                    0,
+                                    5,
+                                    2,
+                                    ptr(p.lse.data()),
+                                    ptr(p.lse.data()),
+                                    0,
+                                    5,
+                                    1};
   for (size_t i = 0; i < expected.size(); ++i)
     EXPECT_EQ(s.params[i], expected[i]) << "parameter " << i;
   // The status word: allocated == aligned, offset 0, size 1, stride 1,
@@ -253,10 +269,10 @@ TEST_P(GpuTest, MissingTargetNamesTheTargetsTheBundleHas) {
   EXPECT_THAT(message, HasSubstr(device() == CE_DEVICE_CUDA
                                      ? "CUDA device 2 (compute capability 8.0)"
                                      : "HIP device 2 (gfx90a)"));
-  EXPECT_THAT(message, HasSubstr("the bundle has no " + target(2) +
-                                 " kernels; it has kernels for targets " +
-                                 target(0) + ", this variant for " +
-                                 target(0)));
+  EXPECT_THAT(message,
+              HasSubstr("the bundle has no " + target(2) +
+                        " kernels; it has kernels for targets " + target(0) +
+                        ", this variant for " + target(0)));
   EXPECT_THAT(message, HasSubstr("ce-gen --target=" + target(2)));
   // Device 3 does not exist.
   GpuProblem q(device(), 3);
@@ -267,8 +283,8 @@ TEST_P(GpuTest, MissingTargetNamesTheTargetsTheBundleHas) {
 TEST_P(GpuTest, ModulesLoadOncePerDeviceAndEmptyBatchesLaunchNothing) {
   KernelVariantKey other = forwardKey();
   other.labels = ElemType::I32;
-  GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"},
-                                {other, "ce_forward_1"}});
+  GpuBundle bundle({target()},
+                   {{forwardKey(), "ce_forward_0"}, {other, "ce_forward_1"}});
   int64_t loads = state().moduleLoads, launches = state().launches;
   GpuProblem empty(device(), 0, 0);
   EXPECT_EQ(empty.forward(bundle.get(), nullptr), CE_OK);
@@ -369,9 +385,8 @@ TEST_P(GpuTest, LoadAndSymbolErrors) {
   {
     GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}});
     // The object lists another symbol than the manifest names.
-    std::string objectFile =
-        bundle.path() + "/" + target() +
-        (device() == CE_DEVICE_CUDA ? ".ptx" : ".hsaco");
+    std::string objectFile = bundle.path() + "/" + target() +
+                             (device() == CE_DEVICE_CUDA ? ".ptx" : ".hsaco");
     FILE *file = std::fopen(objectFile.c_str(), "w");
     std::fputs("some_other_kernel 27\n", file);
     std::fclose(file);
@@ -401,8 +416,8 @@ TEST_P(GpuTest, BadLabelsAreReportedByTheCheckNotTheLaunch) {
   p.labels[3 * 3] = 12345;
   void *stream = fakeStream(8);
   state().idle = 0; // the GPU is still busy
-  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, stream),
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, stream),
             CE_OK);
   int64_t syncs = state().syncs;
   // Not yet written: a non-blocking check sees nothing.
@@ -413,10 +428,10 @@ TEST_P(GpuTest, BadLabelsAreReportedByTheCheckNotTheLaunch) {
   EXPECT_EQ(state().syncs, syncs); // never waited
   std::string message = ce_last_error_message();
   EXPECT_THAT(message, HasSubstr("ce_check_label_status: ce_forward (launch "));
-  EXPECT_THAT(message, HasSubstr(std::string(device() == CE_DEVICE_CUDA
-                                                 ? "CUDA"
-                                                 : "HIP") +
-                                 " device 0, stream 0x8"));
+  EXPECT_THAT(
+      message,
+      HasSubstr(std::string(device() == CE_DEVICE_CUDA ? "CUDA" : "HIP") +
+                " device 0, stream 0x8"));
   EXPECT_THAT(message, HasSubstr("variant \"" + key.str() + "\""));
   EXPECT_THAT(message,
               HasSubstr("token 3 (n=3): label 12345 is not in [0, 7) and is "
@@ -452,7 +467,8 @@ TEST_P(GpuTest, SlotsReturnWhenTheStreamIsSeenIdle) {
   *words[1] = 2;
   EXPECT_EQ(ce_check_label_status(device(), 0, stream, 0),
             CE_ERROR_LABEL_OUT_OF_RANGE);
-  EXPECT_THAT(ce_last_error_message(), HasSubstr("token 1 (n=1): label 70 is not in [0, 7)"));
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr("token 1 (n=1): label 70 is not in [0, 7)"));
   state().idle = 1;
   EXPECT_EQ(ce_check_label_status(device(), 0, stream, 0), CE_OK);
   ASSERT_EQ(p.forward(bundle.get(), stream), CE_OK);
@@ -559,9 +575,8 @@ TEST_P(GpuTest, ConcurrentLaunchesOnTwoStreams) {
 INSTANTIATE_TEST_SUITE_P(Backends, GpuTest,
                          ::testing::Values(CE_DEVICE_CUDA, CE_DEVICE_HIP),
                          [](const auto &info) {
-                           return std::string(info.param == CE_DEVICE_CUDA
-                                                  ? "Cuda"
-                                                  : "Hip");
+                           return std::string(
+                               info.param == CE_DEVICE_CUDA ? "Cuda" : "Hip");
                          });
 
 } // namespace

@@ -23,8 +23,8 @@ using namespace ce;
 using namespace ce::test;
 using ::testing::HasSubstr;
 
-extern "C" ce_status ce_test_check_label_status_raw(int32_t device,
-                                                   int32_t index, int32_t wait);
+extern "C" ce_status
+ce_test_check_label_status_raw(int32_t device, int32_t index, int32_t wait);
 
 namespace {
 
@@ -651,20 +651,19 @@ TEST(Launch, GpuDevicesWithoutADriverAreNoDevice) {
       t->device = device;
       t->device_index = 1;
     }
-    ce_status status = ce_forward(bundle.get(), nullptr, &p.tLogits,
-                                  &p.tLabels, &p.tLoss, &p.tLse, nullptr);
+    ce_status status = ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                                  &p.tLoss, &p.tLse, nullptr);
     std::string message = ce_last_error_message();
     if (status != CE_ERROR_NO_DEVICE &&
         message.find("no " + std::string(name) + " device") ==
             std::string::npos)
       GTEST_SKIP() << "a " << name << " device is present: " << message;
     EXPECT_EQ(status, CE_ERROR_NO_DEVICE);
-    EXPECT_THAT(message, HasSubstr(std::string("ce_forward: no ") + name +
-                                   " device"));
+    EXPECT_THAT(message,
+                HasSubstr(std::string("ce_forward: no ") + name + " device"));
     EXPECT_THAT(message, HasSubstr(std::string("the tensors are on ") + name +
                                    " device 1"));
-    EXPECT_EQ(ce_check_label_status(device, 1, nullptr, 1),
-              CE_ERROR_NO_DEVICE);
+    EXPECT_EQ(ce_check_label_status(device, 1, nullptr, 1), CE_ERROR_NO_DEVICE);
     EXPECT_THAT(ce_last_error_message(),
                 HasSubstr(std::string("ce_check_label_status: no ") + name +
                           " device"));
@@ -676,8 +675,7 @@ TEST(Launch, LabelStatusChecksOnTheHostAlwaysPass) {
   EXPECT_EQ(ce_check_label_status(CE_DEVICE_HOST, 0, nullptr, 1), CE_OK);
   EXPECT_STREQ(ce_last_error_message(), "");
   EXPECT_EQ(ce_check_label_status(CE_DEVICE_HOST, 5, nullptr, 0), CE_OK);
-  EXPECT_EQ(ce_test_check_label_status_raw(7, 0, 1),
-            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ce_test_check_label_status_raw(7, 0, 1), CE_ERROR_INVALID_ARGUMENT);
   EXPECT_STREQ(ce_last_error_message(),
                "ce_check_label_status: invalid device type 7");
 }

@@ -50,12 +50,12 @@ typedef struct FakeGpuState {
   uint64_t params[MAX_PARAMS];
 } FakeGpuState;
 
-EXPORT FakeGpuState fake_gpu_state = {.deviceCount = 1,
-                                      .ccMajor = {9, 9, 8, 9},
-                                      .ccMinor = {0, 0, 0, 0},
-                                      .arch = {"gfx942:sramecc+:xnack-",
-                                               "gfx942", "gfx90a", "gfx950"},
-                                      .idle = 1};
+EXPORT FakeGpuState fake_gpu_state = {
+    .deviceCount = 1,
+    .ccMajor = {9, 9, 8, 9},
+    .ccMinor = {0, 0, 0, 0},
+    .arch = {"gfx942:sramecc+:xnack-", "gfx942", "gfx90a", "gfx950"},
+    .idle = 1};
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -93,9 +93,9 @@ static int getFunction(void **function, void *module, const char *name) {
   return 0;
 }
 
-static void recordLaunch(void *function, unsigned gx, unsigned gy,
-                         unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                         unsigned shared, void *stream, void **params) {
+static void recordLaunch(void *function, unsigned gx, unsigned gy, unsigned gz,
+                         unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                         void *stream, void **params) {
   FakeKernel *kernel = function;
   pthread_mutex_lock(&lock);
   FakeGpuState *s = &fake_gpu_state;
@@ -113,7 +113,8 @@ static void recordLaunch(void *function, unsigned gx, unsigned gy,
   pthread_mutex_unlock(&lock);
 }
 
-/*===--- CUDA driver API ---------------------------------------------------===*/
+/*===--- CUDA driver API
+ * ---------------------------------------------------===*/
 
 typedef int CUresult;
 #define CONTEXT_OF(device) ((void *)(uintptr_t)(0x1000 + (device)))
@@ -228,8 +229,7 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
   int previous = current;
   current = *mode;
   *mode = previous;
-  __atomic_add_fetch(&fake_gpu_state.captureModeExchanges, 1,
-                     __ATOMIC_RELAXED);
+  __atomic_add_fetch(&fake_gpu_state.captureModeExchanges, 1, __ATOMIC_RELAXED);
   return 0;
 }
 EXPORT CUresult cuStreamQuery(void *stream) {
@@ -261,7 +261,8 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *host, unsigned long long device,
   return 0;
 }
 
-/*===--- HIP ---------------------------------------------------------------===*/
+/*===--- HIP
+ * ---------------------------------------------------------------===*/
 
 typedef int hipError_t;
 

@@ -1,4 +1,4 @@
-//===- CudaApi.h - The CUDA driver API, declared for dlopen ------*- C++ -*-===//
+//===- CudaApi.h - The CUDA driver API, declared for dlopen -----*- C++ -*-===//
 //
 // Internal to the runtime (not installed). The few types, constants and entry
 // points of the CUDA driver API (libcuda.so.1) that the CUDA backend uses,
@@ -85,7 +85,8 @@ inline constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 
 /// The resolved entry points of one libcuda.
 struct DriverApi {
-#define CE_CUDA_DECLARE(member, name, result, ...) result (*member)(__VA_ARGS__);
+#define CE_CUDA_DECLARE(member, name, result, ...)                             \
+  result (*member)(__VA_ARGS__);
   CE_CUDA_DRIVER_FUNCTIONS(CE_CUDA_DECLARE)
 #undef CE_CUDA_DECLARE
 };

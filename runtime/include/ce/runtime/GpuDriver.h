@@ -1,4 +1,4 @@
-//===- GpuDriver.h - The CUDA and HIP backends behind one interface -*- C++ -*-===//
+//===- GpuDriver.h - CUDA and HIP behind one interface ---------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). A GpuDriver wraps one vendor API,
 // opened with dlopen on first use: the CUDA driver API (libcuda.so.1) for

@@ -1,4 +1,4 @@
-//===- HipApi.h - The HIP module API, declared for dlopen --------*- C++ -*-===//
+//===- HipApi.h - The HIP module API, declared for dlopen -------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). The few types, constants and entry
 // points of HIP (libamdhip64.so) that the HIP backend uses. Declared here
@@ -49,8 +49,8 @@ inline constexpr size_t kDevicePropBytes = 4096;
   X(hipModuleLoadData, "hipModuleLoadData", hipError_t, hipModule_t *,         \
     const void *)                                                              \
   X(hipModuleUnload, "hipModuleUnload", hipError_t, hipModule_t)               \
-  X(hipModuleGetFunction, "hipModuleGetFunction", hipError_t,                  \
-    hipFunction_t *, hipModule_t, const char *)                                \
+  X(hipModuleGetFunction, "hipModuleGetFunction", hipError_t, hipFunction_t *, \
+    hipModule_t, const char *)                                                 \
   X(hipModuleLaunchKernel, "hipModuleLaunchKernel", hipError_t, hipFunction_t, \
     unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,      \
     hipStream_t, void **, void **)                                             \

@@ -1,4 +1,4 @@
-//===- LabelStatus.h - Out-of-range labels reported by kernels ---*- C++ -*-===//
+//===- LabelStatus.h - Out-of-range labels reported by kernels --*- C++ -*-===//
 //
 // Internal to the runtime (not installed). A kernel that meets a label
 // outside [0, V) that is not the ignore_index stores 1 + the token's linear
@@ -38,9 +38,9 @@ LabelContext labelContext(const LaunchPlan &plan);
 
 /// Reads the label `elementOffset` elements past `labels.data`. Returns false
 /// with a reason when it cannot be read.
-using LabelReader = std::function<bool(const ce_tensor &labels,
-                                       int64_t elementOffset, int64_t &label,
-                                       std::string &reason)>;
+using LabelReader =
+    std::function<bool(const ce_tensor &labels, int64_t elementOffset,
+                       int64_t &label, std::string &reason)>;
 
 /// Reads labels in host memory.
 bool readHostLabel(const ce_tensor &labels, int64_t elementOffset,

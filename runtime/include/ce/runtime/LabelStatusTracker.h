@@ -1,4 +1,4 @@
-//===- LabelStatusTracker.h - Status words of GPU launches -------*- C++ -*-===//
+//===- LabelStatusTracker.h - Status words of GPU launches ------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). GPU launches must not synchronize,
 // so a kernel's status word is read later, by ce_check_label_status. Each
@@ -55,9 +55,8 @@ public:
 
   /// The status word (a device address) for a launch of `record` on
   /// `stream` of device `index`, which is current (a DeviceScope).
-  Status acquire(GpuDriver &driver, int32_t index, void *stream,
-                 bool capturing, const LaunchRecord &record,
-                 void *&statusWord);
+  Status acquire(GpuDriver &driver, int32_t index, void *stream, bool capturing,
+                 const LaunchRecord &record, void *&statusWord);
 
   /// ce_check_label_status: reports the first launch on `stream` (or
   /// captured into a graph on the device) whose kernel met a bad label and
