@@ -264,6 +264,9 @@ Status LabelStatusTracker::check(GpuDriver &driver, int32_t index, void *stream,
         state->overflowCount = 0;
         state->overflowReported = false;
       }
+      // The zeros must reach memory before a later launch hands a word to a
+      // kernel that may write it.
+      __atomic_thread_fence(__ATOMIC_SEQ_CST);
     }
   }
   if (device) {
