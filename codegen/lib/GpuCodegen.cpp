@@ -14,12 +14,14 @@ using namespace mlir;
 using namespace mlir::ce;
 
 std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
-  // Per-chip defaults: 256 threads = 8 warps on sm_90 and 4 wave64 waves on
-  // gfx9 (docs/gpu-mapping.md says why).
+  // Per-chip defaults (docs/gpu-mapping.md): 256 threads = 8 warps on sm_90
+  // and 4 wave64 waves on gfx9. Unroll 4 was the fastest forward and fused
+  // on the H200 (docs/PERFORMANCE.md); on gfx9 it would need up to 128
+  // VGPRs, the 4-waves-per-SIMD limit, so AMD keeps 2 until measured.
   if (chip == "sm_90")
-    return GpuTarget{chip.str(), false, 32, 256};
+    return GpuTarget{chip.str(), false, 32, 256, 4};
   if (chip == "gfx942" || chip == "gfx950" || chip == "gfx90a")
-    return GpuTarget{chip.str(), true, 64, 256};
+    return GpuTarget{chip.str(), true, 64, 256, 2};
   return std::nullopt;
 }
 

@@ -183,7 +183,6 @@ void RowLoopBuilder::storeVector(const RowRef &row, Value index, Value value) {
                           /*nontemporal=*/false, alignment());
 }
 
-Value RowLoopBuilder::stepSize() { return index(vectorWidth * unroll); }
 
 llvm::MaybeAlign RowLoopBuilder::alignment() const {
   // GPU sweeps start their vectors at a 16-byte boundary (see rangeOf).
@@ -215,24 +214,51 @@ RowRange RowLoopBuilder::rangeOf(const RowRef &row, Value vocab) {
     head = arith::MinUIOp::create(b, head, vocab);
   }
   Value body = arith::SubIOp::create(b, vocab, head);
-  Value mainEnd = arith::AddIOp::create(
-      b, head,
-      arith::SubIOp::create(b, body,
-                            arith::RemUIOp::create(b, body, stepSize())));
-  return {head, mainEnd};
+  auto roundDown = [&](int64_t multiple) -> Value {
+    return arith::AddIOp::create(
+        b, head,
+        arith::SubIOp::create(
+            b, body, arith::RemUIOp::create(b, body, index(multiple))));
+  };
+  return {head, roundDown(chunkSize()), roundDown(vectorWidth)};
 }
 
-scf::ForOp RowLoopBuilder::buildMainLoop(
+int64_t RowLoopBuilder::chunkSize() const {
+  return static_cast<int64_t>(vectorWidth) * unroll * threads.numThreads;
+}
+
+SmallVector<Value> RowLoopBuilder::buildVectorLoops(
     const RowRange &range, ValueRange inits,
-    function_ref<SmallVector<Value>(Value, ValueRange)> body) {
-  if (!threads.enabled())
-    return buildForLoop(b, range.head, range.mainEnd, stepSize(), inits,
-                        body);
-  int64_t step = vectorWidth * unroll;
-  Value first = arith::AddIOp::create(
-      b, range.head, arith::MulIOp::create(b, threads.threadId, index(step)));
-  return buildForLoop(b, first, range.mainEnd,
-                      index(step * threads.numThreads), inits, body);
+    function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body) {
+  // Thread t's k-th vector of a chunk starts at (k * threads + t) * width:
+  // consecutive threads read consecutive 16-byte vectors, so every load
+  // instruction of a warp covers one contiguous span.
+  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
+  Value first = range.head;
+  if (threads.enabled())
+    first = arith::AddIOp::create(
+        b, first, arith::MulIOp::create(b, threads.threadId,
+                                        index(vectorWidth)));
+  scf::ForOp main = buildForLoop(
+      b, first, range.mainEnd, index(chunkSize()), inits,
+      [&](Value j, ValueRange state) {
+        SmallVector<Value, 8> offsets = {j};
+        for (unsigned k = 1; k < unroll; ++k)
+          offsets.push_back(arith::AddIOp::create(b, j, index(k * threadStride)));
+        return body(offsets, state);
+      });
+  // Whole vectors left after the last chunk, one per thread and step.
+  Value remainderFirst = range.mainEnd;
+  if (threads.enabled())
+    remainderFirst = arith::AddIOp::create(
+        b, remainderFirst,
+        arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
+  scf::ForOp remainder = buildForLoop(
+      b, remainderFirst, range.vectorEnd, index(threadStride),
+      main.getResults(),
+      [&](Value j, ValueRange state) { return body({j}, state); });
+  return SmallVector<Value>(remainder.getResults().begin(),
+                            remainder.getResults().end());
 }
 
 scf::ForOp RowLoopBuilder::buildTailLoop(
@@ -249,7 +275,7 @@ SmallVector<Value> RowLoopBuilder::buildScalarLoops(
     function_ref<SmallVector<Value>(Value, ValueRange)> body) {
   scf::ForOp head = buildTailLoop(index(0), range.head, inits, body);
   scf::ForOp tail =
-      buildTailLoop(range.mainEnd, vocab, head.getResults(), body);
+      buildTailLoop(range.vectorEnd, vocab, head.getResults(), body);
   return SmallVector<Value>(tail.getResults().begin(), tail.getResults().end());
 }
 
@@ -407,14 +433,12 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(-kInf, vectorType), f32(0.0f, vectorType)};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
-  scf::ForOp mainLoop = buildMainLoop(
+  SmallVector<Value> lanes = buildVectorLoops(
       range, inits,
-      [&](Value j, ValueRange state) -> SmallVector<Value> {
+      [&](ArrayRef<Value> offsets, ValueRange state) -> SmallVector<Value> {
         SmallVector<Value, 8> xs;
-        for (unsigned u = 0; u < unroll; ++u) {
-          Value offset = arith::AddIOp::create(b, j, index(u * vectorWidth));
+        for (Value offset : offsets)
           xs.push_back(loadVector(row, offset));
-        }
         auto [max, rest] = stepState(*this, b, state[0], state[1], xs, exp,
                                      safe);
         SmallVector<Value> next = {max, rest};
@@ -428,8 +452,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
       });
 
   // Merge the lanes pairwise down to one.
-  Value max = mainLoop.getResult(0);
-  Value rest = mainLoop.getResult(1);
+  Value max = lanes[0];
+  Value rest = lanes[1];
   for (int64_t width = vectorWidth / 2; width >= 1; width /= 2) {
     // A shuffle rather than extract_strided_slice: it maps to one LLVM
     // shufflevector on every target.
@@ -447,7 +471,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   Value sum;
   if (withSum)
     sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
-                                      mainLoop.getResult(2));
+                                      lanes[2]);
 
   // Scalar head and tail: a state of their own, merged last.
   SmallVector<Value> tailInits = {f32(-kInf), f32(0.0f)};
@@ -499,17 +523,17 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     return {};
   };
   auto sweep = [&](const RowRange &range) {
-    buildMainLoop(range, {}, [&](Value j, ValueRange) -> SmallVector<Value> {
-      // Load the whole step first so the loads are in flight together.
-      SmallVector<Value, 8> offsets, xs;
-      for (unsigned k = 0; k < unroll; ++k) {
-        offsets.push_back(arith::AddIOp::create(b, j, index(k * vectorWidth)));
-        xs.push_back(loadVector(row, offsets.back()));
-      }
-      for (unsigned k = 0; k < unroll; ++k)
-        storeVector(grad, offsets[k], gradient(xs[k], vectorType));
-      return {};
-    });
+    buildVectorLoops(
+        range, {},
+        [&](ArrayRef<Value> offsets, ValueRange) -> SmallVector<Value> {
+          // Load the whole step first so the loads are in flight together.
+          SmallVector<Value, 8> xs;
+          for (Value offset : offsets)
+            xs.push_back(loadVector(row, offset));
+          for (auto [offset, x] : llvm::zip_equal(offsets, xs))
+            storeVector(grad, offset, gradient(x, vectorType));
+          return {};
+        });
     buildScalarLoops(range, vocab, {}, scalarStep);
   };
   RowRange range = rangeOf(row, vocab);
@@ -532,15 +556,13 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value splat = vector::BroadcastOp::create(b, vectorType, value);
   RowRange range = rangeOf(grad, vocab);
-  buildMainLoop(range, {},
-               [&](Value j, ValueRange) -> SmallVector<Value> {
-                 for (unsigned k = 0; k < unroll; ++k)
-                   storeVector(grad,
-                               arith::AddIOp::create(b, j,
-                                                     index(k * vectorWidth)),
-                               splat);
-                 return {};
-               });
+  buildVectorLoops(
+      range, {},
+      [&](ArrayRef<Value> offsets, ValueRange) -> SmallVector<Value> {
+        for (Value offset : offsets)
+          storeVector(grad, offset, splat);
+        return {};
+      });
   buildScalarLoops(range, vocab, {},
                    [&](Value j, ValueRange) -> SmallVector<Value> {
                      storeElement(grad, j, value);

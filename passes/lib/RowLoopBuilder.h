@@ -57,11 +57,13 @@ struct RowThreads {
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
 };
 
-/// The split of a row: scalar elements [0, head), vectors [head, mainEnd),
-/// scalar elements [mainEnd, V).
+/// The split of a row: scalar elements [0, head), whole chunks of
+/// `unroll` vectors per thread [head, mainEnd), single vectors
+/// [mainEnd, vectorEnd), scalar elements [vectorEnd, V).
 struct RowRange {
   Value head;
   Value mainEnd;
+  Value vectorEnd;
 };
 
 class RowLoopBuilder {
@@ -110,16 +112,20 @@ private:
   Value zeroIfNegInf(Value x);
   Value loadVector(const RowRef &row, Value index);
   void storeVector(const RowRef &row, Value index, Value value);
-  Value stepSize();
   /// Where the vector steps of `row` start and end: at 0 on the host, at
   /// the first 16-byte boundary on GPUs (aligned vector accesses).
   RowRange rangeOf(const RowRef &row, Value vocab);
   llvm::MaybeAlign alignment() const;
-  /// Builds the strided loops of a sweep: this thread's share of the vector
-  /// steps of `range`, and of scalar elements in [begin, end).
-  scf::ForOp buildMainLoop(
+  /// Elements one chunk of the vector loop covers: the workgroup's threads
+  /// times `unroll` vectors.
+  int64_t chunkSize() const;
+  /// Builds this thread's share of the vector part of a sweep: chunks of
+  /// `unroll` vectors, then single vectors. `body` gets the element offsets
+  /// of the vectors of one step and the loop state, and returns the next.
+  SmallVector<Value> buildVectorLoops(
       const RowRange &range, ValueRange inits,
-      function_ref<SmallVector<Value>(Value, ValueRange)> body);
+      function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body);
+  /// Builds this thread's share of scalar elements in [begin, end).
   scf::ForOp buildTailLoop(
       Value begin, Value end, ValueRange inits,
       function_ref<SmallVector<Value>(Value, ValueRange)> body);

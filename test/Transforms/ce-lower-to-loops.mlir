@@ -2,7 +2,8 @@
 
 // The forward: one loop over tokens; per token a guarded label gather, a
 // vectorized statistics sweep carrying (max, rest) per lane and stepping
-// 4 lanes x 2 vectors, a scalar tail, and the loss/lse stores.
+// 4 lanes x 2 vectors, single vectors after it, a scalar tail, and the
+// loss/lse stores.
 
 // CHECK-LABEL: func @forward
 // CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %[[Y:[^:]*]]: memref<?xi64>, %[[L:[^:]*]]: memref<?xf32>, %[[E:[^:]*]]: memref<?xf32>, %[[ST:[^:]*]]: memref<1xi64>
@@ -19,7 +20,10 @@
 // CHECK:     arith.maximumf %{{.*}} : vector<4xf32>
 // CHECK:     math.exp2 %{{.*}} : vector<4xf32>
 // CHECK:     scf.yield %{{.*}}, %{{.*}} : vector<4xf32>, vector<4xf32>
-// CHECK:   vector.shuffle %[[MAIN]]#0, %[[MAIN]]#0 [0, 1]
+// Whole vectors after the last step, one at a time, on the same lane states.
+// CHECK:   %[[REM:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %[[MAIN]]#0, %{{.*}} = %[[MAIN]]#1) -> (vector<4xf32>, vector<4xf32>) {
+// CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
+// CHECK:   vector.shuffle %[[REM]]#0, %[[REM]]#0 [0, 1]
 // CHECK:   %[[TAIL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (f32, f32) {
 // CHECK:     memref.load %[[X]]
 // CHECK:   arith.bitcast %{{.*}} : f32 to i32

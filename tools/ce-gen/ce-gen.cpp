@@ -93,8 +93,9 @@ cl::opt<unsigned> vectorWidth("vector-width",
                               cl::desc("Lanes per vector (host)"),
                               cl::init(8), cl::cat(category));
 cl::opt<unsigned> unroll("unroll",
-                         cl::desc("Vectors per step (default: 4 on the host, "
-                                  "2 16-byte loads per thread on GPUs)"),
+                         cl::desc("Vectors per step (default: 4 on the host; "
+                                  "16-byte loads per thread and step on GPUs, "
+                                  "the chip's default)"),
                          cl::init(0), cl::cat(category));
 cl::opt<unsigned> blockSize("block-size",
                             cl::desc("Threads per workgroup on GPUs "
@@ -386,7 +387,7 @@ int runGpuCodegen(MLIRContext &context,
   options.chipset = target.chip;
   options.blockSize = blockSize ? blockSize.getValue() : target.blockSize;
   options.subgroupSize = target.subgroupSize;
-  options.unroll = unroll ? unroll.getValue() : 2;
+  options.unroll = unroll ? unroll.getValue() : target.unroll;
   std::vector<KernelInfo> kernels;
   for (auto [i, key] : llvm::enumerate(keys)) {
     std::string name =

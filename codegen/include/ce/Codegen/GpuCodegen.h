@@ -19,6 +19,7 @@ struct GpuTarget {
   bool amd;
   unsigned subgroupSize; ///< 32 (warp) or 64 (wave64)
   unsigned blockSize;
+  unsigned unroll; ///< 16-byte loads per thread and step
 
   /// The target named `chip`, or nothing for an unknown chip.
   static std::optional<GpuTarget> lookup(StringRef chip);
