@@ -101,6 +101,10 @@ static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
   case KernelOp::Forward:
     argTypes.append({tokenType, tokenType});
     break;
+  case KernelOp::ShardStats:
+    argTypes.push_back(
+        stridedMemRef(tokenRank + 1, b.getF32Type(), false, memorySpace));
+    break;
   case KernelOp::Backward:
     argTypes.append({tokenType, tokenType});
     if (!key.overwrite)
@@ -130,20 +134,28 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   FloatAttr smoothing = b.getF32FloatAttr(key.labelSmoothing);
   FloatAttr zLoss = b.getF32FloatAttr(key.zLoss);
   UnitAttr overwrite = key.overwrite ? b.getUnitAttr() : UnitAttr();
+  ShardAttr shard =
+      key.shard ? ShardAttr::get(b.getContext(), key.shard->start,
+                                 key.shard->vocab, key.shard->globalSmoothing)
+                : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
     ForwardOp::create(b, loc, logits, labels, args[2], args[3], status, layout,
-                      ignore, smoothing, zLoss, ShardAttr());
+                      ignore, smoothing, zLoss, shard);
+    break;
+  case KernelOp::ShardStats:
+    ShardStatsOp::create(b, loc, logits, labels, args[2], status, layout,
+                         ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
     BackwardOp::create(b, loc, logits, labels, args[2], args[3],
                        key.overwrite ? logits : args[4], status, layout,
-                       ignore, smoothing, zLoss, ShardAttr(), overwrite);
+                       ignore, smoothing, zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
     FusedOp::create(b, loc, logits, labels, args[2], args[3], args[4],
                     key.overwrite ? logits : args[5], status, layout, ignore,
-                    smoothing, zLoss, ShardAttr(), overwrite);
+                    smoothing, zLoss, shard, overwrite);
     break;
   }
 }
@@ -222,7 +234,7 @@ private:
 FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
   SmallVector<Operation *> ceOps;
   func.walk([&](Operation *op) {
-    if (isa<ForwardOp, BackwardOp, FusedOp>(op))
+    if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
       ceOps.push_back(op);
   });
   if (ceOps.size() != 1)
@@ -235,8 +247,9 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
   KernelVariantKey &key = info.key;
   RoleMap roles(func);
   auto common = [&](auto op) -> LogicalResult {
-    if (op.getShard())
-      return op.emitError("vocab-parallel shards cannot be emitted yet");
+    if (ShardAttr shard = op.getShardAttr())
+      key.shard = ::ce::VocabShard{shard.getStart(), shard.getVocab(),
+                                   shard.getGlobalSmoothing()};
     if (!op.getStatus())
       return op.emitError("a kernel for a bundle needs a status operand to "
                           "report out-of-range labels");
@@ -258,6 +271,11 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add("loss", op.getLoss())) &&
         succeeded(roles.add("lse", op.getLse())) &&
+        succeeded(roles.add("status", op.getStatus())));
+  } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
+    key.op = KernelOp::ShardStats;
+    result = LogicalResult::success(
+        succeeded(common(op)) && succeeded(roles.add("stats", op.getStats())) &&
         succeeded(roles.add("status", op.getStatus())));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;

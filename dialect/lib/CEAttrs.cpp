@@ -15,7 +15,8 @@ using namespace mlir::ce;
 #include "ce/Dialect/CE/IR/CEAttrs.cpp.inc"
 
 LogicalResult ShardAttr::verify(function_ref<InFlightDiagnostic()> emitError,
-                                int64_t start, int64_t vocab) {
+                                int64_t start, int64_t vocab,
+                                bool /*globalSmoothing*/) {
   if (vocab <= 0)
     return emitError() << "shard vocabulary size must be positive, got "
                        << vocab;

@@ -1,6 +1,6 @@
 //===- CEOps.cpp - Cross-entropy dialect operations -----------------------===//
 //
-// Verifiers. The three ops share one configuration and one set of shape
+// Verifiers. The ops share one configuration and one set of shape
 // rules, so they share one checker: each op lists its operands by role.
 //
 //===----------------------------------------------------------------------===//
@@ -93,6 +93,20 @@ public:
              << operand.name << "' shape " << formatShape(type.getShape())
              << " does not match the token shape " << formatShape(tokenShape)
              << " of layout '" << stringifyLayout(layout) << "'";
+    return success();
+  }
+
+  /// The partial statistics: the token shape followed by 4.
+  LogicalResult verifyStats(Value stats) {
+    auto type = cast<MemRefType>(stats.getType());
+    SmallVector<int64_t, 3> expected(tokenShape.begin(), tokenShape.end());
+    expected.push_back(4);
+    if (!shapesCompatible(type.getShape(), expected))
+      return op->emitOpError("'stats' shape ")
+             << formatShape(type.getShape()) << " does not match "
+             << formatShape(expected)
+             << " (the token shape followed by 4) of layout '"
+             << stringifyLayout(layout) << "'";
     return success();
   }
 
@@ -206,6 +220,10 @@ static ParseResult parseLayout(OpAsmParser &parser, LayoutAttr &layout) {
 }
 
 LogicalResult ForwardOp::verify() {
+  if (getShardAttr())
+    return emitOpError("a vocab-parallel forward yields partial statistics: "
+                       "use ce.shard_stats, combine them across ranks, then "
+                       "ce.backward with the same shard");
   CrossEntropyVerifier verifier(*this, getLayout());
   if (failed(verifier.verifyLogits(getLogits())) ||
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
@@ -244,6 +262,10 @@ LogicalResult BackwardOp::verify() {
 }
 
 LogicalResult FusedOp::verify() {
+  if (getShardAttr())
+    return emitOpError("cannot fuse a vocab-parallel shard: its gradient "
+                       "needs the statistics of every rank; use "
+                       "ce.shard_stats and ce.backward");
   CrossEntropyVerifier verifier(*this, getLayout());
   if (failed(verifier.verifyLogits(getLogits())) ||
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
@@ -268,6 +290,26 @@ LogicalResult FusedOp::verify() {
                                     {"lse", getLse()},
                                     {"grad", getGrad()},
                                     {"status", getStatus()}});
+}
+
+LogicalResult ShardStatsOp::verify() {
+  if (!getShardAttr())
+    return emitOpError("requires a 'shard' attribute (the logits' slice of "
+                       "the vocabulary)");
+  if (!getZLoss().isZero())
+    return emitOpError("z_loss applies to the combined log-sum-exp, not to "
+                       "partial statistics; it must be 0 here");
+  CrossEntropyVerifier verifier(*this, getLayout());
+  if (failed(verifier.verifyLogits(getLogits())) ||
+      failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
+      failed(verifier.verifyStats(getStats())) ||
+      failed(verifier.verifyStatus(getStatus())) ||
+      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(), 0.0f,
+                                   getShardAttr())))
+    return failure();
+  return verifier.verifyNoAliasing(
+      {{"logits", getLogits()}, {"labels", getLabels()}},
+      {{"stats", getStats()}, {"status", getStatus()}});
 }
 
 #define GET_OP_CLASSES

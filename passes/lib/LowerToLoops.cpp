@@ -88,7 +88,7 @@ Token mlir::ce::detail::tokenOfBlock(ImplicitLocOpBuilder &b, Layout layout,
 
 namespace {
 
-/// ce.forward, ce.backward or ce.fused -> a loop nest over tokens whose
+/// A ce op -> a loop nest over tokens whose
 /// body is the op's per-token code (TokenLowering.h).
 template <typename OpT>
 struct TokenLoopLowering : OpConversionPattern<OpT> {
@@ -128,16 +128,6 @@ struct CELowerToLoopsPass
       getOperation().emitError("unroll must be at least 1");
       return signalPassFailure();
     }
-    WalkResult sharded = getOperation().walk([](Operation *op) {
-      if (isa<ForwardOp, BackwardOp, FusedOp>(op) && op->hasAttr("shard")) {
-        op->emitError("lowering of vocab-parallel shards to loops is not "
-                      "supported yet");
-        return WalkResult::interrupt();
-      }
-      return WalkResult::advance();
-    });
-    if (sharded.wasInterrupted())
-      return signalPassFailure();
     MLIRContext *context = &getContext();
     ConversionTarget target(*context);
     target.addIllegalDialect<CEDialect>();
@@ -146,7 +136,8 @@ struct CELowerToLoopsPass
                            vector::VectorDialect>();
     RewritePatternSet patterns(context);
     patterns.add<TokenLoopLowering<ForwardOp>, TokenLoopLowering<BackwardOp>,
-                 TokenLoopLowering<FusedOp>>(context, vectorWidth, unroll);
+                 TokenLoopLowering<FusedOp>, TokenLoopLowering<ShardStatsOp>>(
+        context, vectorWidth, unroll);
     if (failed(applyPartialConversion(getOperation(), target,
                                       std::move(patterns))))
       signalPassFailure();

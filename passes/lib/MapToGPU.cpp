@@ -10,6 +10,7 @@
 #include "ce/Transforms/Passes.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 namespace mlir::ce {
 #define GEN_PASS_DEF_CEMAPTOGPU
@@ -46,7 +47,7 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     }
     SmallVector<Operation *> ceOps;
     getOperation().walk([&](Operation *op) {
-      if (isa<ForwardOp, BackwardOp, FusedOp>(op))
+      if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
         ceOps.push_back(op);
     });
     for (Operation *op : ceOps)
@@ -59,9 +60,6 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     if (!kernel || !kernel.isKernel())
       return op->emitError("ce ops in a gpu.module must be in a gpu.func "
                            "kernel");
-    if (op->hasAttr("shard"))
-      return op->emitError("mapping vocab-parallel shards to GPUs is not "
-                           "supported yet");
     unsigned numSubgroups = blockSize / subgroupSize;
     MLIRContext *context = &getContext();
     auto workgroupSpace = gpu::AddressSpaceAttr::get(
@@ -93,12 +91,9 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
       lowering.lowerToken(
           ceOp, tokenOfBlock(b, ceOp.getLayout(), ceOp.getLogits(), blockId));
     };
-    if (auto forward = dyn_cast<ForwardOp>(op))
-      lower(forward);
-    else if (auto backward = dyn_cast<BackwardOp>(op))
-      lower(backward);
-    else
-      lower(cast<FusedOp>(op));
+    llvm::TypeSwitch<Operation *>(op)
+        .Case<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(
+            [&](auto ceOp) { lower(ceOp); });
     rewriter.eraseOp(op);
     return success();
   }

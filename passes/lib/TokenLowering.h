@@ -31,6 +31,7 @@ struct OpConfig {
   std::optional<int64_t> ignoreIndex;
   float labelSmoothing;
   float zLoss;
+  ShardAttr shard; ///< null unless the logits are a vocabulary slice
   Value status;
 
   template <typename OpT>
@@ -41,6 +42,7 @@ struct OpConfig {
       config.ignoreIndex = attr.getInt();
     config.labelSmoothing = op.getLabelSmoothing().convertToFloat();
     config.zLoss = op.getZLoss().convertToFloat();
+    config.shard = op.getShardAttr();
     config.status = op.getStatus();
     return config;
   }
@@ -56,10 +58,12 @@ struct Token {
 
 /// What the label of one token says.
 struct LabelInfo {
-  Value label;   ///< i64
-  Value valid;   ///< i1: 0 <= label < V
+  Value label;   ///< i64, a global id when sharded
+  Value valid;   ///< i1: 0 <= label < V (the global vocabulary when sharded)
   Value ignored; ///< i1: label == ignore_index (false without one)
-  Value target;  ///< f32: x[label] when valid, else 0
+  Value column;  ///< i64: the label's column in the local row
+  Value inRow;   ///< i1: 0 <= column < V_local (== valid unless sharded)
+  Value target;  ///< f32: x[column] when inRow, else 0
 };
 
 /// Shared lowering state of one op.
@@ -79,16 +83,24 @@ public:
         b, b.getF32Type(),
         arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
     // Megatron's smoothing: s = alpha * V / (V - 1), and 0 for V == 1 where
-    // every value of s gives the same (zero) loss.
+    // every value of s gives the same (zero) loss. A shard smooths over its
+    // own slice (Megatron's vocab-parallel V) unless told to use the
+    // global vocabulary.
     if (hasSmoothing()) {
-      Value alpha = rows.f32(config.labelSmoothing);
-      Value vMinusOne = arith::SubFOp::create(b, vocabF32, rows.f32(1.0f));
-      Value s = arith::DivFOp::create(
-          b, arith::MulFOp::create(b, alpha, vocabF32), vMinusOne);
+      Value smoothVocab = vocabF32;
       Value manyClasses = arith::CmpIOp::create(
           b, arith::CmpIPredicate::ugt, vocab, rows.index(1));
+      if (config.shard && config.shard.getGlobalSmoothing()) {
+        smoothVocab = rows.f32(static_cast<float>(config.shard.getVocab()));
+        manyClasses = arith::ConstantIntOp::create(
+            b, b.getI1Type(), config.shard.getVocab() > 1);
+      }
+      Value alpha = rows.f32(config.labelSmoothing);
+      Value vMinusOne = arith::SubFOp::create(b, smoothVocab, rows.f32(1.0f));
+      Value s = arith::DivFOp::create(
+          b, arith::MulFOp::create(b, alpha, smoothVocab), vMinusOne);
       smoothing = arith::SelectOp::create(b, manyClasses, s, rows.f32(0.0f));
-      uniform = arith::DivFOp::create(b, smoothing, vocabF32);
+      uniform = arith::DivFOp::create(b, smoothing, smoothVocab);
     }
   }
 
@@ -116,8 +128,18 @@ public:
     return RowRef{memref, token.rowPrefix};
   }
 
+  /// `0 <= value < bound` for i64 values.
+  Value inRange(Value value, Value bound) {
+    Value zero = arith::ConstantIntOp::create(b, b.getI64Type(), 0);
+    return arith::AndIOp::create(
+        b, arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, zero),
+        arith::CmpIOp::create(b, arith::CmpIPredicate::slt, value, bound));
+  }
+
   /// Reads the label, classifies it, and gathers the target logit with a
-  /// single guarded load. Reports a bad label through `status`.
+  /// single guarded load. Reports a bad label through `status`. A shard's
+  /// labels are global ids: the target is in this row only when the label
+  /// falls in the slice.
   LabelInfo readLabel(const Token &token) {
     LabelInfo info;
     Value label = memref::LoadOp::create(b, labels, token.indices);
@@ -125,10 +147,21 @@ public:
       label = arith::ExtSIOp::create(b, b.getI64Type(), label);
     info.label = label;
     Value vocabI64 = arith::IndexCastUIOp::create(b, b.getI64Type(), vocab);
-    Value zero = arith::ConstantIntOp::create(b, b.getI64Type(), 0);
-    info.valid = arith::AndIOp::create(
-        b, arith::CmpIOp::create(b, arith::CmpIPredicate::sge, label, zero),
-        arith::CmpIOp::create(b, arith::CmpIPredicate::slt, label, vocabI64));
+    if (config.shard) {
+      info.valid = inRange(label, arith::ConstantIntOp::create(
+                                      b, b.getI64Type(),
+                                      config.shard.getVocab()));
+      info.column = arith::SubIOp::create(
+          b, label,
+          arith::ConstantIntOp::create(b, b.getI64Type(),
+                                       config.shard.getStart()));
+      info.inRow = arith::AndIOp::create(b, info.valid,
+                                         inRange(info.column, vocabI64));
+    } else {
+      info.valid = inRange(label, vocabI64);
+      info.column = label;
+      info.inRow = info.valid;
+    }
     if (config.ignoreIndex) {
       Value ignore =
           arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
@@ -137,12 +170,13 @@ public:
     } else {
       info.ignored = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
     }
-    auto ifOp = scf::IfOp::create(b, TypeRange{b.getF32Type()}, info.valid,
+    auto ifOp = scf::IfOp::create(b, TypeRange{b.getF32Type()}, info.inRow,
                                   /*withElseRegion=*/true);
     {
       OpBuilder::InsertionGuard guard(b);
       b.setInsertionPointToStart(ifOp.thenBlock());
-      Value column = arith::IndexCastOp::create(b, b.getIndexType(), label);
+      Value column =
+          arith::IndexCastOp::create(b, b.getIndexType(), info.column);
       scf::YieldOp::create(b, rows.loadElement(rowOf(logits, token), column));
       b.setInsertionPointToStart(ifOp.elseBlock());
       scf::YieldOp::create(b, rows.f32(0.0f));
@@ -212,14 +246,14 @@ public:
                                   scale, c, u);
           // The target element is rewritten after every thread's sweep.
           rowBarrier();
-          leaderOnly([&] { buildIf(b, label.valid, [&] {
+          leaderOnly([&] { buildIf(b, label.inRow, [&] {
             Value term = arith::MulFOp::create(b, rows.buildExpm1(logProb), c);
             term = arith::AddFOp::create(b, term, zTerm);
             if (hasSmoothing())
               term = arith::AddFOp::create(
                   b, term, arith::SubFOp::create(b, smoothing, uniform));
             Value column =
-                arith::IndexCastOp::create(b, b.getIndexType(), label.label);
+                arith::IndexCastOp::create(b, b.getIndexType(), label.column);
             rows.storeElement(gradRow, column,
                               arith::MulFOp::create(b, scale, term));
           }); });
@@ -230,6 +264,7 @@ public:
   /// is loaded once.
   void prepare(ForwardOp) {}
   void prepare(BackwardOp) {}
+  void prepare(ShardStatsOp) {}
   void prepare(FusedOp op) {
     if (op.getWeights().getType().getRank() == 0)
       sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
@@ -252,6 +287,26 @@ public:
     // the subtraction itself is exact when p_y is near 1.
     Value logProb = arith::SubFOp::create(b, label.target, lse);
     buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+  }
+
+  /// ce.shard_stats for one token: the statistics sweep of the slice and
+  /// the four partial statistics (max, rest, target logit, row sum).
+  void lowerToken(ShardStatsOp op, const Token &t) {
+    LabelInfo label = readLabel(t);
+    RowStats stats =
+        rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+    Value target =
+        arith::SelectOp::create(b, label.valid, label.target, rows.f32(kNaN));
+    target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
+    Value sum = hasSmoothing() ? stats.sum : rows.f32(0.0f);
+    leaderOnly([&] {
+      Value values[] = {stats.max, stats.rest, target, sum};
+      for (auto [i, value] : llvm::enumerate(values)) {
+        SmallVector<Value, 3> indices(t.indices.begin(), t.indices.end());
+        indices.push_back(rows.index(i));
+        memref::StoreOp::create(b, value, op.getStats(), indices);
+      }
+    });
   }
 
   /// ce.fused for one token: statistics, loss and lse, gradient sweep.

@@ -28,6 +28,8 @@ from ._variant import VariantKey, to_f32
 
 __all__ = [
     "KernelOptions",
+    "Shard",
+    "shard_stats",
     "token_shape",
     "variant_layout",
     "forward",
@@ -45,6 +47,27 @@ _ALL_DTYPES = {**_LOGITS_DTYPES, **_LABEL_DTYPES}
 
 
 @dataclasses.dataclass(frozen=True)
+class Shard:
+    """A tensor-parallel vocabulary slice: the logits hold global ids
+    ``[start, start + V_local)`` of ``vocab``; labels are global ids.
+
+    ``global_smoothing`` smooths over ``vocab`` instead of ``V_local`` (Megatron's
+    vocab-parallel behaviour, the default); see docs/tensor-parallel.md.
+    """
+
+    start: int
+    vocab: int
+    global_smoothing: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.start, int) or not isinstance(self.vocab, int):
+            raise InvalidInputError(f"shard start and vocab must be ints, got {self!r}")
+        if not 0 <= self.start < self.vocab:
+            raise InvalidInputError(f"shard start {self.start} is outside [0, vocab={self.vocab})")
+        object.__setattr__(self, "global_smoothing", bool(self.global_smoothing))
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelOptions:
     """The per-call options that select a kernel variant (besides dtypes and op).
 
@@ -55,6 +78,8 @@ class KernelOptions:
         label_layout: ``"bs"`` (labels [B,S]) or ``"sb"`` (labels [S,B]) for [S,B,V] logits;
             ignored for [N,V] logits.
         bundle: an explicit bundle directory, or None for the cache.
+        shard: the logits' vocabulary slice (:func:`shard_stats` and :func:`backward`),
+            or None.
     """
 
     ignore_index: Optional[int] = None
@@ -62,6 +87,7 @@ class KernelOptions:
     z_loss: float = 0.0
     label_layout: str = "bs"
     bundle: Optional[str] = None
+    shard: Optional[Shard] = None
 
     def __post_init__(self) -> None:
         if self.ignore_index is not None and not isinstance(self.ignore_index, int):
@@ -77,6 +103,8 @@ class KernelOptions:
                 f"label_layout must be 'bs' (labels [B,S]) or 'sb' (labels [S,B]), "
                 f"got {self.label_layout!r}"
             )
+        if self.shard is not None and not isinstance(self.shard, Shard):
+            raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
         object.__setattr__(self, "label_smoothing", to_f32(smoothing))
         object.__setattr__(self, "z_loss", to_f32(z_loss))
 
@@ -196,7 +224,16 @@ def check_inputs(logits: torch.Tensor, labels: torch.Tensor, options: KernelOpti
     tokens = token_shape(logits.shape, options.label_layout)
     if logits.shape[-1] < 1:
         raise InvalidInputError(f"logits have an empty vocabulary dimension: {tuple(logits.shape)}")
-    if options.label_smoothing > 0.0 and logits.shape[-1] < 2:
+    smoothing_vocab = logits.shape[-1]
+    if options.shard is not None:
+        if options.shard.start + logits.shape[-1] > options.shard.vocab:
+            raise InvalidInputError(
+                f"the logits' slice [{options.shard.start}, {options.shard.start} + "
+                f"{logits.shape[-1]}) exceeds the shard's vocabulary of {options.shard.vocab}"
+            )
+        if options.shard.global_smoothing:
+            smoothing_vocab = options.shard.vocab
+    if options.label_smoothing > 0.0 and smoothing_vocab < 2:
         raise InvalidInputError("label smoothing needs a vocabulary of at least 2 entries")
     if tuple(labels.shape) != tokens:
         layout = {2: "[N]", 3: "[B, S]" if options.label_layout == "bs" else "[S, B]"}
@@ -233,6 +270,10 @@ def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
     runtime_options.z_loss = options.z_loss
     runtime_options.overwrite_input = 1 if overwrite else 0
     runtime_options.label_layout = LabelLayout.BS if options.label_layout == "bs" else LabelLayout.SB
+    if options.shard is not None:
+        runtime_options.shard_start = options.shard.start
+        runtime_options.shard_vocab = options.shard.vocab
+        runtime_options.shard_global_smoothing = 1 if options.shard.global_smoothing else 0
     return runtime_options
 
 
@@ -248,7 +289,18 @@ def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOpt
         z_loss=options.z_loss,
         overwrite=overwrite,
         weights=weights,
+        shard=None if options.shard is None else (
+            options.shard.start, options.shard.vocab, options.shard.global_smoothing),
     )
+
+
+def _refuse_shard(options: KernelOptions, what: str) -> None:
+    if options.shard is not None:
+        raise InvalidInputError(
+            f"{what} cannot run on a vocabulary slice: its loss needs every rank's "
+            "statistics; use shard_stats, combine them across ranks "
+            "(cegen.tensor_parallel), then backward"
+        )
 
 
 def _stream(device: torch.device) -> Optional[int]:
@@ -297,6 +349,7 @@ def check_labels(device: Optional[torch.device] = None, wait: bool = True) -> No
 def forward(logits: torch.Tensor, labels: torch.Tensor,
             options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss and lse (fp32, the labels' shape, contiguous)."""
+    _refuse_shard(options, "the forward")
     tokens = check_inputs(logits, labels, options)
     loss = _empty(tokens, torch.float32, logits.device)
     lse = _empty(tokens, torch.float32, logits.device)
@@ -353,6 +406,7 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
     written over ``logits`` and None is returned in its place.
     """
+    _refuse_shard(options, "the fused forward+backward")
     tokens = check_inputs(logits, labels, options)
     if weights.dim() == 0:
         kind = "scalar"
@@ -379,3 +433,42 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         _stream(logits.device),
     )
     return loss, lse, grad
+
+
+def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The partial statistics of the vocabulary slice ``options.shard`` (``ce_shard_stats``).
+
+    Returns (or fills ``out``, any strides) an fp32 tensor of the labels' shape followed
+    by 4: per token the slice's max ``m``, ``sum_j exp(x_j - m) - 1``, the target logit
+    when the label falls in the slice (0 elsewhere or when ignored, NaN for a label
+    outside ``[0, vocab)``), and the slice's row sum with label smoothing (else 0).
+    ``options.z_loss`` must be 0: the z-loss applies to the combined log-sum-exp.
+    """
+    if options.shard is None:
+        raise InvalidInputError("shard_stats needs options.shard (the logits' vocabulary slice)")
+    if options.z_loss != 0.0:
+        raise InvalidInputError("shard_stats takes no z_loss: it applies after the combine")
+    tokens = check_inputs(logits, labels, options)
+    shape = tokens + (4,)
+    if out is None:
+        out = _empty(shape, torch.float32, logits.device)
+    else:
+        if tuple(out.shape) != shape or out.dtype != torch.float32:
+            raise InvalidInputError(
+                f"out must be float32 of shape {shape}, got {out.dtype} {tuple(out.shape)}")
+        if out.device != logits.device:
+            raise InvalidInputError(f"out is on {out.device} but logits are on {logits.device}")
+        if _poison:
+            out.fill_(float("nan"))
+    if out.numel() == 0:
+        return out
+    runtime = get_runtime()
+    _poll_labels(logits.device)
+    bundle = _bundle_cache.bundle_for(_key("shard_stats", logits, labels, options),
+                                      options.bundle, device_target(logits.device))
+    runtime.shard_stats(
+        bundle, _runtime_options(options, False), describe(logits, "logits"),
+        describe(labels, "labels"), describe(out, "stats"), _stream(logits.device),
+    )
+    return out

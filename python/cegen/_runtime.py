@@ -134,6 +134,9 @@ class Options(ctypes.Structure):
         ("z_loss", ctypes.c_float),
         ("overwrite_input", ctypes.c_int32),
         ("label_layout", ctypes.c_int),
+        ("shard_start", ctypes.c_int64),
+        ("shard_vocab", ctypes.c_int64),
+        ("shard_global_smoothing", ctypes.c_int32),
     ]
 
 
@@ -163,6 +166,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ce_backward.restype = status
     lib.ce_fused.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 6 + [ctypes.c_void_p]
     lib.ce_fused.restype = status
+    lib.ce_shard_stats.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 3 + [ctypes.c_void_p]
+    lib.ce_shard_stats.restype = status
     lib.ce_check_label_status.argtypes = [ctypes.c_int, ctypes.c_int32, ctypes.c_void_p,
                                           ctypes.c_int32]
     lib.ce_check_label_status.restype = status
@@ -283,6 +288,21 @@ class Runtime:
             _ref(loss), _ref(lse), _ref(grad), stream,
         )
         self.check(status, "cegen fused forward+backward")
+
+    def shard_stats(
+        self,
+        bundle: "Bundle",
+        options: Options,
+        logits: TensorDesc,
+        labels: TensorDesc,
+        stats: TensorDesc,
+        stream: Optional[int] = None,
+    ) -> None:
+        """``ce_shard_stats``: partial statistics of a vocabulary slice."""
+        status = self._lib.ce_shard_stats(
+            bundle.handle, ctypes.byref(options), _ref(logits), _ref(labels), _ref(stats), stream,
+        )
+        self.check(status, "cegen shard statistics")
 
     def check_label_status(self, device: int, device_index: int, stream: Optional[int],
                            wait: bool) -> None:

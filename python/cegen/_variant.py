@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 __all__ = ["VariantKey", "format_f32", "to_f32"]
 
-OPS = ("forward", "backward", "fused")
+OPS = ("forward", "backward", "fused", "shard_stats")
 LOGITS_TYPES = ("bf16", "f16", "f32")
 LABEL_TYPES = ("i32", "i64")
 LAYOUTS = ("flat", "sbv_bs", "sbv_sb")
@@ -46,6 +46,8 @@ class VariantKey:
     z_loss: float = 0.0
     overwrite: bool = False
     weights: str = "none"
+    #: ``(start, vocab, global_smoothing)`` of a tensor-parallel vocabulary slice, or None.
+    shard: Optional[Tuple[int, int, bool]] = None
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -63,8 +65,15 @@ class VariantKey:
                 f"variant key: weights={self.weights!r} does not fit op={self.op!r} "
                 "(fused kernels take scalar or token weights, the others none)"
             )
-        if self.op == "forward" and self.overwrite:
-            raise ValueError("variant key: a forward kernel writes no gradient to overwrite with")
+        if self.op in ("forward", "shard_stats") and self.overwrite:
+            raise ValueError(f"variant key: a {self.op} kernel writes no gradient to overwrite with")
+        if (self.shard is not None) != (self.op == "shard_stats") and self.op != "backward":
+            raise ValueError(f"variant key: op={self.op!r} does not fit shard={self.shard!r} "
+                             "(shard_stats needs a shard; only it and backward take one)")
+        if self.shard is not None:
+            start, vocab, _ = self.shard
+            if not 0 <= start < vocab:
+                raise ValueError(f"variant key: shard start {start} outside [0, {vocab})")
 
     def __str__(self) -> str:
         ignore = "none" if self.ignore_index is None else str(int(self.ignore_index))
@@ -73,7 +82,12 @@ class VariantKey:
             f"ignore_index={ignore},label_smoothing={format_f32(self.label_smoothing)},"
             f"z_loss={format_f32(self.z_loss)},overwrite={1 if self.overwrite else 0},"
             f"weights={self.weights}"
+            + ("" if self.shard is None else f",shard={self._shard_text()}")
         )
+
+    def _shard_text(self) -> str:
+        start, vocab, global_smoothing = self.shard  # type: ignore[misc]
+        return f"{int(start)}/{int(vocab)}/{'global' if global_smoothing else 'local'}"
 
     def ce_gen_options(self) -> List[str]:
         """The ``ce-gen`` options that ask for exactly this kernel (target and output aside)."""
@@ -87,8 +101,10 @@ class VariantKey:
             f"--z-loss={format_f32(self.z_loss)}",
         ]
         # Spelled as the runtime's "generate it with" hint (runtime/lib/Launch.cpp).
-        if self.op != "forward":
+        if self.op in ("backward", "fused"):
             options.append(f"--overwrite={1 if self.overwrite else 0}")
         if self.op == "fused":
             options.append(f"--weights={self.weights}")
+        if self.shard is not None:
+            options.append(f"--shard={self._shard_text()}")
         return options

@@ -74,6 +74,9 @@ CE_EXPORT void ce_options_init(ce_options *options) {
   options->z_loss = 0.0f;
   options->overwrite_input = 0;
   options->label_layout = CE_LABELS_BS;
+  options->shard_start = 0;
+  options->shard_vocab = 0;
+  options->shard_global_smoothing = 0;
 }
 
 CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {
@@ -170,6 +173,21 @@ CE_EXPORT ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
   request.grad = grad;
   request.stream = stream;
   return runOp("ce_fused", bundle, request);
+}
+
+CE_EXPORT ce_status ce_shard_stats(ce_bundle *bundle,
+                                   const ce_options *options,
+                                   const ce_tensor *logits,
+                                   const ce_tensor *labels,
+                                   const ce_tensor *stats, void *stream) {
+  ce::LaunchRequest request;
+  request.op = ce::KernelOp::ShardStats;
+  request.options = options;
+  request.logits = logits;
+  request.labels = labels;
+  request.stats = stats;
+  request.stream = stream;
+  return runOp("ce_shard_stats", bundle, request);
 }
 
 CE_EXPORT ce_status ce_check_label_status(ce_device_type device,

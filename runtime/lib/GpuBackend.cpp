@@ -42,6 +42,8 @@ const char *functionName(KernelOp op) {
     return "ce_backward";
   case KernelOp::Fused:
     return "ce_fused";
+  case KernelOp::ShardStats:
+    return "ce_shard_stats";
   }
   return "?";
 }

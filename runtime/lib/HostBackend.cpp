@@ -73,6 +73,8 @@ void callWithPointers(void *entry, const std::array<void *, kMaxArgs> &args,
 void callEntry(void *entry, const std::array<void *, kMaxArgs> &args,
                size_t count) {
   switch (count) {
+  case 4:
+    return callWithPointers(entry, args, std::make_index_sequence<4>());
   case 5:
     return callWithPointers(entry, args, std::make_index_sequence<5>());
   case 6:
@@ -89,11 +91,11 @@ void callEntry(void *entry, const std::array<void *, kMaxArgs> &args,
 Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
                         int64_t &status) {
   const KernelInfo &info = *kernel.info;
-  if (info.args.size() < 5 || info.args.size() > kMaxArgs)
+  if (info.args.size() < 4 || info.args.size() > kMaxArgs)
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the host ABI has 5 to 8");
+                             " arguments; the host ABI has 4 to 8");
   std::array<AnyMemRef, kMaxArgs> storage;
   std::array<void *, kMaxArgs> pointers{};
   ce_tensor statusTensor{};

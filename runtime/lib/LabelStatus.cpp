@@ -25,6 +25,8 @@ const char *poisoned(KernelOp op) {
     return "that token's gradient row is NaN";
   case KernelOp::Fused:
     return "that token's loss and gradient row are NaN";
+  case KernelOp::ShardStats:
+    return "that token's target statistic (so its combined loss) is NaN";
   }
   return "";
 }

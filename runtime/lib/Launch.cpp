@@ -32,8 +32,10 @@ std::string ceGenOptions(const KernelVariantKey &variant) {
                            : std::string("none")) +
       " --label-smoothing=" + formatF32(variant.labelSmoothing) +
       " --z-loss=" + formatF32(variant.zLoss);
-  if (variant.op != KernelOp::Forward)
+  if (variant.op == KernelOp::Backward || variant.op == KernelOp::Fused)
     options += std::string(" --overwrite=") + (variant.overwrite ? "1" : "0");
+  if (variant.shard)
+    options += " --shard=" + variant.shard->str();
   if (variant.op == KernelOp::Fused)
     options += std::string(" --weights=") + stringify(variant.weights);
   return options;

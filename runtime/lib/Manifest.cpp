@@ -31,6 +31,8 @@ const char *stringify(ArgRole role) {
     return "weights";
   case ArgRole::Grad:
     return "grad";
+  case ArgRole::Stats:
+    return "stats";
   case ArgRole::Status:
     return "status";
   }
@@ -61,6 +63,8 @@ std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
   case KernelOp::Forward:
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
             ArgRole::Status};
+  case KernelOp::ShardStats:
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
   case KernelOp::Backward:
     if (variant.overwrite)
       return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse, ArgRole::GradLoss,
@@ -96,6 +100,8 @@ KernelArg expectedArg(const KernelVariantKey &variant, ArgRole role) {
   case ArgRole::Weights:
     return {role, variant.weights == WeightsKind::Scalar ? 0 : tokenRank,
             ElemType::F32};
+  case ArgRole::Stats:
+    return {role, tokenRank + 1, ElemType::F32};
   case ArgRole::Status:
     return {role, 1, ElemType::I64};
   }
@@ -315,8 +321,20 @@ Status ManifestReader::readKernel(const json::Value &value,
                        "spells it");
   kernel.variant = *variant;
   std::string name = where + " (\"" + kernel.key + "\")";
-  if (kernel.variant.op == KernelOp::Forward && kernel.variant.overwrite)
-    return errorAt(value, name + ": a forward kernel cannot overwrite");
+  KernelOp op = kernel.variant.op;
+  if ((op == KernelOp::Forward || op == KernelOp::ShardStats) &&
+      kernel.variant.overwrite)
+    return errorAt(value, name + ": a " + stringify(op) +
+                              " kernel cannot overwrite");
+  bool sharded = kernel.variant.shard.has_value();
+  if (sharded ? op != KernelOp::ShardStats && op != KernelOp::Backward
+              : op == KernelOp::ShardStats)
+    return errorAt(value, name + (sharded ? ": only shard_stats and backward "
+                                            "kernels take a shard"
+                                          : ": a shard_stats kernel needs a "
+                                            "shard"));
+  if (op == KernelOp::ShardStats && kernel.variant.zLoss != 0.0f)
+    return errorAt(value, name + ": a shard_stats kernel has no z-loss");
   bool fused = kernel.variant.op == KernelOp::Fused;
   if (fused != (kernel.variant.weights != WeightsKind::None))
     return errorAt(value, name +

@@ -122,6 +122,36 @@ Status checkOptions(const ce_options &options) {
   if (!std::isfinite(zLoss) || zLoss < 0.0f)
     return invalid("options->z_loss",
                    "must be finite and >= 0, got " + formatF32(zLoss));
+  if (options.shard_vocab < 0)
+    return invalid("options->shard_vocab",
+                   "must be 0 (no shard) or the global vocabulary size, got " +
+                       std::to_string(options.shard_vocab));
+  if (options.shard_vocab > 0 &&
+      (options.shard_start < 0 || options.shard_start >= options.shard_vocab))
+    return invalid("options->shard_start",
+                   "must be in [0, shard_vocab = " +
+                       std::to_string(options.shard_vocab) + "), got " +
+                       std::to_string(options.shard_start));
+  return Status::ok();
+}
+
+/// Which ops take a shard, and what a shard_stats call needs.
+Status checkShardUse(KernelOp op, const ce_options &options) {
+  bool sharded = options.shard_vocab > 0;
+  if (op == KernelOp::ShardStats && !sharded)
+    return invalid("options->shard_vocab",
+                   "ce_shard_stats needs a shard (shard_vocab > 0)");
+  if (op == KernelOp::ShardStats && options.z_loss != 0.0f)
+    return invalid("options->z_loss",
+                   "must be 0 for ce_shard_stats: the z-loss applies to the "
+                   "combined log-sum-exp, got " +
+                       formatF32(options.z_loss));
+  if (sharded && (op == KernelOp::Forward || op == KernelOp::Fused))
+    return invalid("options->shard_vocab",
+                   std::string("a vocabulary slice has no ") +
+                       stringify(op) +
+                       " kernel: its loss needs every rank's statistics; "
+                       "use ce_shard_stats, combine, then ce_backward");
   return Status::ok();
 }
 
@@ -254,19 +284,23 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   const ce_options &options = plan.options;
   if (Status status = checkOptions(options); !status.isOk())
     return status;
+  if (Status status = checkShardUse(op, options); !status.isOk())
+    return status;
   // A forward writes no gradient, so overwrite_input does not apply to it;
   // the same options can then serve a forward and its backward.
-  bool overwrite = op != KernelOp::Forward && options.overwrite_input != 0;
+  bool takesGrad = op == KernelOp::Backward || op == KernelOp::Fused;
+  bool overwrite = takesGrad && options.overwrite_input != 0;
 
   // Presence. The gradient is the one optional tensor: it must be NULL or
   // the logits themselves when overwriting.
-  bool takesGrad = op != KernelOp::Forward;
   std::vector<NamedTensor> args = {
       {"logits", ArgRole::Logits, request.logits, overwrite},
       {"labels", ArgRole::Labels, request.labels, false}};
   if (op == KernelOp::Fused)
     args.push_back({"weights", ArgRole::Weights, request.weights, false});
-  if (op != KernelOp::Backward) {
+  if (op == KernelOp::ShardStats) {
+    args.push_back({"stats", ArgRole::Stats, request.stats, true});
+  } else if (op != KernelOp::Backward) {
     args.push_back({"loss", ArgRole::Loss, request.loss, true});
     args.push_back({"lse", ArgRole::Lse, request.lse, true});
   } else {
@@ -339,7 +373,19 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
                              "got strides " +
                                  formatDims(logits.strides, logits.ndim));
 
+  if (options.shard_vocab > 0 &&
+      plan.vocabSize > options.shard_vocab - options.shard_start)
+    return invalid("logits",
+                   "the slice [" + std::to_string(options.shard_start) +
+                       ", " + std::to_string(options.shard_start) + " + " +
+                       std::to_string(plan.vocabSize) +
+                       ") exceeds the vocabulary of options->shard_vocab = " +
+                       std::to_string(options.shard_vocab));
+
   plan.variant.op = op;
+  if (options.shard_vocab > 0)
+    plan.variant.shard = VocabShard{options.shard_start, options.shard_vocab,
+                                    options.shard_global_smoothing != 0};
   plan.variant.logits = toElemType(logits.dtype);
   if (options.has_ignore_index)
     plan.variant.ignoreIndex = options.ignore_index;
@@ -371,6 +417,19 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
       if (Status status = checkTokenShaped(arg, plan); !status.isOk())
         return status;
       break;
+    case ArgRole::Stats: {
+      if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
+          !status.isOk())
+        return status;
+      int64_t want[3] = {plan.tokenSizes[0], plan.tokenSizes[1], 0};
+      want[plan.tokenRank] = 4;
+      if (!sameSizes(tensor, plan.tokenRank + 1, want))
+        return invalid("stats", "must have the labels' shape " +
+                                    describeTokenShape(plan) +
+                                    " followed by 4, got " +
+                                    formatDims(tensor.sizes, tensor.ndim));
+      break;
+    }
     case ArgRole::Weights:
       if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
           !status.isOk())

@@ -24,6 +24,9 @@ canonicalArgs(const KernelVariantKey &key) {
     args.push_back({"loss", tokenRank, "f32"});
     args.push_back({"lse", tokenRank, "f32"});
     break;
+  case KernelOp::ShardStats:
+    args.push_back({"stats", tokenRank + 1, "f32"});
+    break;
   case KernelOp::Backward:
     args.push_back({"lse", tokenRank, "f32"});
     args.push_back({"grad_loss", tokenRank, "f32"});

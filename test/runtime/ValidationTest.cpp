@@ -30,17 +30,22 @@ struct Call {
   KernelOp op;
   bool sbv;
   ce_options options = defaultOptions();
-  std::vector<float> logits, grad, loss, lse, gradLoss, weights;
+  std::vector<float> logits, grad, loss, lse, gradLoss, weights, stats;
   std::vector<int64_t> labels;
   float weight = 1.0f;
-  ce_tensor tLogits, tLabels, tLoss, tLse, tGradLoss, tWeights, tGrad;
+  ce_tensor tLogits, tLabels, tLoss, tLse, tGradLoss, tWeights, tGrad, tStats;
   const ce_tensor *pLogits = &tLogits, *pLabels = &tLabels, *pLoss = &tLoss,
                   *pLse = &tLse, *pGradLoss = &tGradLoss, *pWeights = &tWeights,
-                  *pGrad = &tGrad;
+                  *pGrad = &tGrad, *pStats = &tStats;
 
   Call(KernelOp op, bool sbv = false)
       : op(op), sbv(sbv), logits(N * V * 4, 0.5f), grad(N * V * 4), loss(N * 4),
-        lse(N * 4), gradLoss(N * 4, 1.0f), weights(N * 4), labels(N * 4, 1) {
+        lse(N * 4), gradLoss(N * 4, 1.0f), weights(N * 4), stats(N * 16),
+        labels(N * 4, 1) {
+    if (op == KernelOp::ShardStats) {
+      options.shard_start = 0;
+      options.shard_vocab = 2 * V;
+    }
     if (!sbv) {
       tLogits = packed(logits.data(), CE_DTYPE_F32, {N, V});
       tGrad = packed(grad.data(), CE_DTYPE_F32, {N, V});
@@ -48,6 +53,7 @@ struct Call {
       tLoss = packed(loss.data(), CE_DTYPE_F32, {N});
       tLse = packed(lse.data(), CE_DTYPE_F32, {N});
       tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {N});
+      tStats = packed(stats.data(), CE_DTYPE_F32, {N, 4});
     } else {
       tLogits = packed(logits.data(), CE_DTYPE_F32, {S, B, V});
       tGrad = packed(grad.data(), CE_DTYPE_F32, {S, B, V});
@@ -55,6 +61,7 @@ struct Call {
       tLoss = packed(loss.data(), CE_DTYPE_F32, {B, S});
       tLse = packed(lse.data(), CE_DTYPE_F32, {B, S});
       tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {B, S});
+      tStats = packed(stats.data(), CE_DTYPE_F32, {B, S, 4});
     }
     tWeights = view(&weight, CE_DTYPE_F32, {}, {});
   }
@@ -71,6 +78,9 @@ struct Call {
     case KernelOp::Fused:
       return ce_fused(bundle, &options, pLogits, pLabels, pWeights, pLoss, pLse,
                       pGrad, nullptr);
+    case KernelOp::ShardStats:
+      return ce_shard_stats(bundle, &options, pLogits, pLabels, pStats,
+                            nullptr);
     }
     return CE_OK;
   }
@@ -105,6 +115,10 @@ std::vector<KernelSpec> validationKernels() {
     kernels.push_back({keyFor(KernelOp::Backward, layout, false),
                        flat ? "fake_backward_flat" : "fake_backward_bs",
                        {}});
+    KernelVariantKey stats = keyFor(KernelOp::ShardStats, layout, false);
+    stats.shard = VocabShard{0, 2 * V, false};
+    kernels.push_back(
+        {stats, flat ? "fake_shard_stats_flat" : "fake_shard_stats_bs", {}});
     if (flat) {
       kernels.push_back({keyFor(KernelOp::Backward, layout, true),
                          "fake_backward_flat_overwrite",
@@ -121,7 +135,7 @@ std::vector<KernelSpec> validationKernels() {
 }
 
 constexpr KernelOp Fwd = KernelOp::Forward, Bwd = KernelOp::Backward,
-                   Fus = KernelOp::Fused;
+                   Fus = KernelOp::Fused, Sta = KernelOp::ShardStats;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -320,6 +334,42 @@ const Case kCases[] = {
        c.tLse.data = c.logits.data() + 1;
      },
      "logits: output memory overlaps input lse"},
+
+    // Vocabulary shards.
+    {"shard stats without a shard", Sta, false,
+     [](Call &c) { c.options.shard_vocab = 0; },
+     "options->shard_vocab: ce_shard_stats needs a shard (shard_vocab > 0)"},
+    {"negative shard vocab", Bwd, false,
+     [](Call &c) { c.options.shard_vocab = -1; },
+     "options->shard_vocab: must be 0 (no shard) or the global vocabulary "
+     "size, got -1"},
+    {"shard start past the vocabulary", Sta, false,
+     [](Call &c) { c.options.shard_start = 2 * V; },
+     "options->shard_start: must be in [0, shard_vocab = 14), got 14"},
+    {"slice past the vocabulary", Sta, false,
+     [](Call &c) { c.options.shard_start = V + 1; },
+     "logits: the slice [8, 8 + 7) exceeds the vocabulary of "
+     "options->shard_vocab = 14"},
+    {"sharded forward", Fwd, false,
+     [](Call &c) { c.options.shard_vocab = 2 * V; },
+     "options->shard_vocab: a vocabulary slice has no forward kernel"},
+    {"sharded fused", Fus, false,
+     [](Call &c) { c.options.shard_vocab = 2 * V; },
+     "options->shard_vocab: a vocabulary slice has no fused kernel"},
+    {"shard stats with z-loss", Sta, false,
+     [](Call &c) { c.options.z_loss = 1e-4f; },
+     "options->z_loss: must be 0 for ce_shard_stats"},
+    {"shard stats of the wrong shape", Sta, false,
+     [](Call &c) { c.tStats.sizes[1] = 3; },
+     "stats: must have the labels' shape [N] = [5] followed by 4, got [5, 3]"},
+    {"shard stats of the wrong dtype", Sta, true,
+     [](Call &c) { c.tStats.dtype = CE_DTYPE_BF16; },
+     "stats: dtype must be f32"},
+    {"shard stats over the labels", Sta, false,
+     [](Call &c) { c.tStats.data = c.labels.data(); },
+     "stats: output memory overlaps input labels"},
+    {"shard stats NULL", Sta, false, [](Call &c) { c.pStats = nullptr; },
+     "stats: is NULL"},
 
     // Devices.
     {"mixed devices", Fwd, false,

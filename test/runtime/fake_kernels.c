@@ -272,3 +272,20 @@ EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
                                              Desc *e, Desc *f) {
   fused(FLAT, 0, a, b, c, d, e, 0, f);
 }
+
+/* ---- shard_stats: (logits, labels, stats, status); records only ---- */
+
+static void shard_stats(int layout, Desc *logits, Desc *labels, Desc *stats,
+                        Desc *status) {
+  int tr = layout == FLAT ? 1 : 2;
+  Desc *descs[] = {logits, labels, stats, status};
+  int ranks[] = {tr + 1, tr, tr + 1, 1};
+  record(4, descs, ranks);
+}
+
+EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d) {
+  shard_stats(FLAT, a, b, c, d);
+}
+EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d) {
+  shard_stats(SBV_BS, a, b, c, d);
+}

@@ -68,7 +68,8 @@ cl::list<std::string> targets("target",
                               cl::CommaSeparated, cl::cat(category));
 
 // Variant options: comma lists whose cartesian product is emitted.
-cl::list<std::string> ops("op", cl::desc("forward,backward,fused"),
+cl::list<std::string> ops("op",
+                          cl::desc("forward,backward,fused,shard_stats"),
                           cl::CommaSeparated, cl::cat(category));
 cl::list<std::string> logitsTypes("logits", cl::desc("bf16,f16,f32"),
                                   cl::CommaSeparated, cl::cat(category));
@@ -88,6 +89,12 @@ cl::list<std::string> overwrites("overwrite", cl::desc("0,1"),
 cl::list<std::string> weightKinds("weights",
                                   cl::desc("scalar,token (fused only)"),
                                   cl::CommaSeparated, cl::cat(category));
+cl::list<std::string> shards(
+    "shard",
+    cl::desc("none, or START/VOCAB/local|global: a tensor-parallel slice "
+             "of global ids [START, START + V_local) of VOCAB, smoothing over "
+             "V_local (Megatron's) or VOCAB (shard_stats and backward only)"),
+    cl::CommaSeparated, cl::cat(category));
 
 cl::opt<unsigned> vectorWidth("vector-width",
                               cl::desc("Lanes per vector (host)"),
@@ -178,11 +185,13 @@ expandVariants(std::string &error) {
   std::vector<float> smoothingList, zList;
   std::vector<bool> overwriteList;
   std::vector<WeightsKind> weightsList;
+  std::vector<std::optional<VocabShard>> shardList;
   auto parseOp = [](StringRef s) -> std::optional<KernelOp> {
     return llvm::StringSwitch<std::optional<KernelOp>>(s)
         .Case("forward", KernelOp::Forward)
         .Case("backward", KernelOp::Backward)
         .Case("fused", KernelOp::Fused)
+        .Case("shard_stats", KernelOp::ShardStats)
         .Default(std::nullopt);
   };
   auto parseLogits = [](StringRef s) -> std::optional<ElemType> {
@@ -239,6 +248,16 @@ expandVariants(std::string &error) {
         .Case("token", WeightsKind::Token)
         .Default(std::nullopt);
   };
+  auto parseShard =
+      [](StringRef s) -> std::optional<std::optional<VocabShard>> {
+    if (s == "none")
+      return std::optional<VocabShard>();
+    std::optional<VocabShard> shard = parseVocabShard(s);
+    if (!shard || shard->vocab <= 0 || shard->start < 0 ||
+        shard->start >= shard->vocab)
+      return std::nullopt;
+    return shard;
+  };
   if (failed(parseEach<KernelOp>(ops, {"forward"}, "op", parseOp, opList,
                                  error)) ||
       failed(parseEach<ElemType>(logitsTypes, {"bf16"}, "logits",
@@ -257,7 +276,9 @@ expandVariants(std::string &error) {
       failed(parseEach<bool>(overwrites, {"0"}, "overwrite", parseBool,
                              overwriteList, error)) ||
       failed(parseEach<WeightsKind>(weightKinds, {"scalar"}, "weights",
-                                    parseWeights, weightsList, error)))
+                                    parseWeights, weightsList, error)) ||
+      failed(parseEach<std::optional<VocabShard>>(
+          shards, {"none"}, "shard", parseShard, shardList, error)))
     return failure();
 
   std::vector<KernelVariantKey> keys;
@@ -270,7 +291,14 @@ expandVariants(std::string &error) {
             for (float smoothing : smoothingList)
               for (float z : zList)
                 for (bool overwrite : overwriteList)
-                  for (WeightsKind weights : weightsList) {
+                  for (WeightsKind weights : weightsList)
+                  for (const std::optional<VocabShard> &shard : shardList) {
+                    // Shards have partial statistics and a backward; the
+                    // z-loss applies after the statistics are combined.
+                    bool sharded = shard.has_value();
+                    if (sharded != (op == KernelOp::ShardStats) &&
+                        op != KernelOp::Backward)
+                      continue;
                     KernelVariantKey key;
                     key.op = op;
                     key.logits = logits;
@@ -278,10 +306,13 @@ expandVariants(std::string &error) {
                     key.layout = layout;
                     key.ignoreIndex = ignore;
                     key.labelSmoothing = smoothing;
-                    key.zLoss = z;
-                    key.overwrite = op != KernelOp::Forward && overwrite;
+                    key.zLoss = op == KernelOp::ShardStats ? 0.0f : z;
+                    key.overwrite = (op == KernelOp::Backward ||
+                                     op == KernelOp::Fused) &&
+                                    overwrite;
                     key.weights =
                         op == KernelOp::Fused ? weights : WeightsKind::None;
+                    key.shard = shard;
                     if (seen.insert(key.str()).second)
                       keys.push_back(key);
                   }
@@ -605,6 +636,10 @@ int main(int argc, char **argv) {
     if (failed(expanded))
       return usageError(error);
     keys = std::move(*expanded);
+    if (keys.empty())
+      return usageError("the variant options select no kernel: --shard "
+                        "takes --op=shard_stats or backward, and "
+                        "--op=shard_stats needs a --shard");
   }
   if (emitStage == EmitStage::Bundle) {
     if (outputPath == "-")

@@ -128,9 +128,57 @@ func.func @z_loss_inf(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>,
 
 // -----
 
-func.func @shard_outside_vocab(%x: memref<?x64xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+func.func @shard_outside_vocab(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>) {
   // expected-error @+1 {{shard [96, 160) of the logits exceeds the vocabulary of 128}}
-  ce.forward %x, %y into %l, %e layout = flat {shard = #ce.shard<start = 96, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  ce.shard_stats %x, %y into %s layout = flat {shard = #ce.shard<start = 96, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @sharded_forward(%x: memref<?x64xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{a vocab-parallel forward yields partial statistics: use ce.shard_stats}}
+  ce.forward %x, %y into %l, %e layout = flat {shard = #ce.shard<start = 64, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @sharded_fused(%x: memref<?x64xf32>, %y: memref<?xi64>, %w: memref<f32>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{cannot fuse a vocab-parallel shard}}
+  ce.fused %x, %y, %w into %l, %e, %x layout = flat {overwrite_input, shard = #ce.shard<start = 0, vocab = 128>} : memref<?x64xf32>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x64xf32>
+  return
+}
+
+// -----
+
+func.func @stats_without_shard(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>) {
+  // expected-error @+1 {{requires a 'shard' attribute}}
+  ce.shard_stats %x, %y into %s layout = flat : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @stats_with_z_loss(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>) {
+  // expected-error @+1 {{z_loss applies to the combined log-sum-exp}}
+  ce.shard_stats %x, %y into %s layout = flat {z_loss = 1.0e-4 : f32, shard = #ce.shard<start = 0, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @stats_shape(%x: memref<?x?x64xf32>, %y: memref<?x?xi64>, %s: memref<?x?x3xf32>) {
+  // expected-error @+1 {{'stats' shape [?, ?, 3] does not match [?, ?, 4] (the token shape followed by 4) of layout 'sbv_bs'}}
+  ce.shard_stats %x, %y into %s layout = sbv_bs {shard = #ce.shard<start = 0, vocab = 128>} : memref<?x?x64xf32>, memref<?x?xi64> into memref<?x?x3xf32>
+  return
+}
+
+// -----
+
+func.func @stats_token_shape(%x: memref<8x2x64xf32>, %y: memref<2x8xi64>, %s: memref<8x2x4xf32>) {
+  // expected-error @+1 {{'stats' shape [8, 2, 4] does not match [2, 8, 4]}}
+  ce.shard_stats %x, %y into %s layout = sbv_bs {shard = #ce.shard<start = 0, vocab = 128>} : memref<8x2x64xf32>, memref<2x8xi64> into memref<8x2x4xf32>
   return
 }
 

@@ -19,10 +19,17 @@ func.func @forward_sbv_sb_static(%x: memref<4x2x7xf16>, %y: memref<4x2xi32>, %lo
   return
 }
 
-// CHECK-LABEL: func @forward_flat_strided_shard
-func.func @forward_flat_strided_shard(%x: memref<?x64xf32, strided<[128, 1], offset: ?>>, %y: memref<?xi64, strided<[?], offset: ?>>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
-  // CHECK: layout = flat {shard = #ce.shard<start = 64, vocab = 128>}
-  ce.forward %x, %y into %loss, %lse layout = flat {shard = #ce.shard<start = 64, vocab = 128>} : memref<?x64xf32, strided<[128, 1], offset: ?>>, memref<?xi64, strided<[?], offset: ?>> into memref<?xf32>, memref<?xf32>
+// CHECK-LABEL: func @shard_stats_flat_strided
+func.func @shard_stats_flat_strided(%x: memref<?x64xf32, strided<[128, 1], offset: ?>>, %y: memref<?xi64, strided<[?], offset: ?>>, %s: memref<?x4xf32, strided<[?, ?], offset: ?>>, %st: memref<1xi64>) {
+  // CHECK: ce.shard_stats %{{.*}}, %{{.*}} into %{{.*}} status(%{{.*}} : memref<1xi64>) layout = flat {shard = #ce.shard<start = 64, vocab = 128>}
+  ce.shard_stats %x, %y into %s status(%st : memref<1xi64>) layout = flat {shard = #ce.shard<start = 64, vocab = 128>} : memref<?x64xf32, strided<[128, 1], offset: ?>>, memref<?xi64, strided<[?], offset: ?>> into memref<?x4xf32, strided<[?, ?], offset: ?>>
+  return
+}
+
+// CHECK-LABEL: func @backward_shard_global_smoothing
+func.func @backward_shard_global_smoothing(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32>) {
+  // CHECK: layout = sbv_bs {label_smoothing = 1.000000e-01 : f32, overwrite_input, shard = #ce.shard<start = 0, vocab = 256, global_smoothing = true>}
+  ce.backward %x, %y, %lse, %g into %x layout = sbv_bs {overwrite_input, label_smoothing = 0.1 : f32, shard = #ce.shard<start = 0, vocab = 256, global_smoothing = true>} : memref<?x?x?xbf16>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32> into memref<?x?x?xbf16>
   return
 }
 

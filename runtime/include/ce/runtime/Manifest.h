@@ -42,8 +42,10 @@ enum class ArgRole {
   GradLoss,
   Weights,
   Grad,
+  Stats,
   Status
 };
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Status) + 1;
 
 /// The manifest spelling of `role` ("grad_loss", ...).
 const char *stringify(ArgRole role);

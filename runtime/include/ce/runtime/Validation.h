@@ -22,7 +22,7 @@
 
 namespace ce {
 
-/// The arguments of one ce_forward/ce_backward/ce_fused call. Tensors an op
+/// The arguments of one ce_forward/ce_backward/ce_fused/ce_shard_stats call. Tensors an op
 /// does not take are null.
 struct LaunchRequest {
   KernelOp op = KernelOp::Forward;
@@ -34,6 +34,7 @@ struct LaunchRequest {
   const ce_tensor *gradLoss = nullptr;
   const ce_tensor *weights = nullptr;
   const ce_tensor *grad = nullptr;
+  const ce_tensor *stats = nullptr;
   /// The caller's stream (CUstream / hipStream_t); ignored on the host.
   void *stream = nullptr;
 };
@@ -55,8 +56,8 @@ struct LaunchPlan {
   /// Tensors by ArgRole, as the kernel sees them (the vocab stride of a
   /// vocabulary of one is normalized to 1). Absent roles have null data and
   /// `present` false.
-  std::array<ce_tensor, 8> tensors{};
-  std::array<bool, 8> present{};
+  std::array<ce_tensor, kNumArgRoles> tensors{};
+  std::array<bool, kNumArgRoles> present{};
 
   const ce_tensor &tensor(ArgRole role) const {
     return tensors[static_cast<int>(role)];

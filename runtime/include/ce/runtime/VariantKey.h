@@ -19,7 +19,7 @@
 
 namespace ce {
 
-enum class KernelOp { Forward, Backward, Fused };
+enum class KernelOp { Forward, Backward, Fused, ShardStats };
 enum class ElemType { BF16, F16, F32, I32, I64 };
 enum class LabelLayout { Flat, SbvBs, SbvSb };
 enum class WeightsKind { None, Scalar, Token };
@@ -32,6 +32,8 @@ inline const char *stringify(KernelOp op) {
     return "backward";
   case KernelOp::Fused:
     return "fused";
+  case KernelOp::ShardStats:
+    return "shard_stats";
   }
   return "?";
 }
@@ -98,6 +100,25 @@ inline std::string formatF32(float value) {
   return buffer;
 }
 
+/// A tensor-parallel vocabulary slice: global ids [start, start + V_local)
+/// of `vocab`; `globalSmoothing` smooths over `vocab` instead of V_local.
+struct VocabShard {
+  int64_t start = 0;
+  int64_t vocab = 0;
+  bool globalSmoothing = false;
+
+  bool operator==(const VocabShard &other) const {
+    return start == other.start && vocab == other.vocab &&
+           globalSmoothing == other.globalSmoothing;
+  }
+
+  /// `start/vocab/local` or `start/vocab/global`.
+  std::string str() const {
+    return std::to_string(start) + "/" + std::to_string(vocab) +
+           (globalSmoothing ? "/global" : "/local");
+  }
+};
+
 /// Everything that selects one compiled kernel. Shapes and strides are
 /// runtime values and are not part of the key.
 struct KernelVariantKey {
@@ -110,6 +131,7 @@ struct KernelVariantKey {
   float zLoss = 0.0f;
   bool overwrite = false;
   WeightsKind weights = WeightsKind::None;
+  std::optional<VocabShard> shard;
 
   std::string str() const {
     std::string key = "op=";
@@ -128,16 +150,50 @@ struct KernelVariantKey {
     key += overwrite ? "1" : "0";
     key += ",weights=";
     key += stringify(weights);
+    // Only sharded keys carry the field, so unsharded keys stay as they were.
+    if (shard)
+      key += ",shard=" + shard->str();
     return key;
   }
 };
 
+/// Parses the `start/vocab/local|global` value of a key's shard field.
+inline std::optional<VocabShard> parseVocabShard(std::string_view text) {
+  VocabShard shard;
+  for (int64_t *out : {&shard.start, &shard.vocab}) {
+    size_t slash = text.find('/');
+    if (slash == std::string_view::npos || slash == 0)
+      return std::nullopt;
+    std::string digits(text.substr(0, slash));
+    char *end = nullptr;
+    errno = 0;
+    long long value = std::strtoll(digits.c_str(), &end, 10);
+    if (errno != 0 || *end != '\0')
+      return std::nullopt;
+    *out = static_cast<int64_t>(value);
+    text = text.substr(slash + 1);
+  }
+  if (text != "local" && text != "global")
+    return std::nullopt;
+  shard.globalSmoothing = text == "global";
+  return shard;
+}
+
 /// Parses a variant key written by KernelVariantKey::str(). Only the
 /// canonical spelling is accepted: every field present, in order, with the
-/// exact value spelling str() produces (so `parse(k)->str() == k`). Returns
+/// exact value spelling str() produces (so `parse(k)->str() == k`); the
+/// trailing `shard` field is present exactly for sharded kernels. Returns
 /// std::nullopt for anything else.
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
+  KernelVariantKey key;
+  static constexpr std::string_view shardField = ",shard=";
+  if (size_t at = text.rfind(shardField); at != std::string_view::npos) {
+    key.shard = parseVocabShard(text.substr(at + shardField.size()));
+    if (!key.shard)
+      return std::nullopt;
+    text = text.substr(0, at);
+  }
   static constexpr const char *fieldNames[] = {
       "op",     "logits",       "labels",
       "layout", "ignore_index", "label_smoothing",
@@ -158,7 +214,6 @@ parseKernelVariantKey(std::string_view text) {
     values[i] = field.substr(eq + 1);
   }
 
-  KernelVariantKey key;
   auto pick = [](std::string_view value, auto &out, auto... candidates) {
     for (auto candidate : {candidates...})
       if (value == stringify(candidate)) {
@@ -168,7 +223,7 @@ parseKernelVariantKey(std::string_view text) {
     return false;
   };
   if (!pick(values[0], key.op, KernelOp::Forward, KernelOp::Backward,
-            KernelOp::Fused) ||
+            KernelOp::Fused, KernelOp::ShardStats) ||
       !pick(values[1], key.logits, ElemType::BF16, ElemType::F16,
             ElemType::F32) ||
       !pick(values[2], key.labels, ElemType::I32, ElemType::I64) ||
@@ -201,7 +256,10 @@ parseKernelVariantKey(std::string_view text) {
 
   // Reject non-canonical spellings ("1e-1", "+5", "0.10") so that one
   // variant has exactly one key.
-  if (key.str() != text)
+  std::string canonical = key.str();
+  if (key.shard)
+    canonical.resize(canonical.rfind(shardField));
+  if (canonical != text)
     return std::nullopt;
   return key;
 }

@@ -86,12 +86,20 @@ typedef struct ce_options {
   float z_loss;          /* >= 0 */
   int32_t overwrite_input;
   ce_label_layout label_layout;
+  /* Tensor-parallel vocabulary slice (docs/tensor-parallel.md): with
+   * shard_vocab > 0 the logits hold global ids [shard_start, shard_start +
+   * V_local) of shard_vocab and labels are global ids. Only ce_shard_stats
+   * and ce_backward take a shard. shard_global_smoothing non-zero smooths
+   * over shard_vocab instead of V_local (Megatron's). */
+  int64_t shard_start;
+  int64_t shard_vocab;
+  int32_t shard_global_smoothing;
 } ce_options;
 
 typedef struct ce_bundle ce_bundle;
 
 /* Fills `options` with the defaults: no ignore_index, no smoothing, no
- * z-loss, no overwrite, [B,S] labels. */
+ * z-loss, no overwrite, [B,S] labels, no shard. */
 void ce_options_init(ce_options *options);
 
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);
@@ -123,6 +131,16 @@ ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
                    const ce_tensor *logits, const ce_tensor *labels,
                    const ce_tensor *weights, const ce_tensor *loss,
                    const ce_tensor *lse, const ce_tensor *grad, void *stream);
+
+/* The partial statistics of a vocabulary slice (options->shard_vocab > 0,
+ * options->z_loss 0): `stats` is f32 with the labels' shape followed by 4
+ * (any strides): per token the slice's max m, sum_j exp(x_j - m) - 1, the
+ * target logit when the label falls in the slice (0 elsewhere or when
+ * ignored, NaN for a label outside [0, shard_vocab)), and the slice's row
+ * sum with label smoothing (else 0). */
+ce_status ce_shard_stats(ce_bundle *bundle, const ce_options *options,
+                         const ce_tensor *logits, const ce_tensor *labels,
+                         const ce_tensor *stats, void *stream);
 
 /* Out-of-range labels met by GPU kernels launched on `stream` of the given
  * device (or captured into a graph on that device) since the last check.

@@ -36,10 +36,16 @@ def CE_ShardAttr : AttrDef<CE_Dialect, "Shard"> {
   let description = [{
     The logits hold the global vocabulary ids `[start, start + V_local)` of a
     vocabulary of `vocab` ids, where `V_local` is the logits' last dimension.
+    Labels are global ids. `global_smoothing` picks the `V` of label
+    smoothing's `s = alpha * V / (V - 1)` and `s / V`: by default `V_local`,
+    as Megatron-Core's vocab-parallel cross entropy does (each rank then
+    smooths towards the mean of its own slice); with `global_smoothing =
+    true` the global `vocab` (every rank's loss is then the unsharded loss).
 
     Example: `#ce.shard<start = 64128, vocab = 128256>`.
   }];
-  let parameters = (ins "int64_t":$start, "int64_t":$vocab);
+  let parameters = (ins "int64_t":$start, "int64_t":$vocab,
+                        DefaultValuedParameter<"bool", "false">:$global_smoothing);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

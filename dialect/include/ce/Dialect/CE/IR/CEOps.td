@@ -40,12 +40,14 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     - `ignore_index` (optional): tokens with this label get loss 0 and a
       zero gradient row.
     - `label_smoothing` in `[0, 1)`, Megatron's formula; `z_loss` >= 0.
-    - `shard` (optional): the logits are a tensor-parallel vocabulary slice.
+    - `shard` (optional): the logits are a tensor-parallel vocabulary slice
+      and labels are global ids; `ce.shard_stats` and `ce.backward` take it.
 
     Preconditions: the vocabulary (last) dimension of the logits has unit
     stride; per-token tensors have the layout's token shape; all per-token
     floats are f32. If `status` (a `memref<1xi64>`) is given, a token whose
-    label lies outside `[0, V)` and is not `ignore_index` stores
+    label lies outside `[0, V)` (the shard's global vocabulary when sharded)
+    and is not `ignore_index` stores
     `1 + linear token index` there; that token's loss and gradient row are NaN
     and nothing is read or written out of bounds.
   }];
@@ -151,6 +153,48 @@ def CE_FusedOp : CE_CrossEntropyOp<"fused"> {
     "$logits `,` $labels `,` $weights `into` $loss `,` $lse `,` $grad ",
     CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
     "type($weights) `into` type($loss) `,` type($lse) `,` type($grad)");
+}
+
+//===----------------------------------------------------------------------===//
+// ShardStatsOp
+//===----------------------------------------------------------------------===//
+
+def CE_ShardStatsOp : CE_CrossEntropyOp<"shard_stats"> {
+  let summary = "Partial statistics of a tensor-parallel vocabulary slice";
+  let description = !strconcat([{
+    The forward of a vocab-parallel cross entropy, on one rank: reads each
+    row of the local slice once and writes four f32 partial statistics per
+    token into `stats`, whose shape is the token shape followed by 4:
+
+    - `[0]` `m`: the maximum over the slice;
+    - `[1]` `r`: `sum_j exp(x_j - m) - 1` over the slice (the maximum's own
+      term is implicit, as in the unsharded lowering);
+    - `[2]` the target logit `x[label - start]` when the label falls in the
+      slice, 0 when it lies elsewhere in `[0, vocab)` or is `ignore_index`,
+      NaN for a bad label;
+    - `[3]` `sum_j x_j` over the slice with label smoothing, else 0.
+
+    The statistics of all ranks combine into the loss and log-sum-exp
+    (docs/tensor-parallel.md), and `ce.backward` with the same `shard` writes
+    the local slice of the gradient from the combined log-sum-exp. `shard` is
+    required; `z_loss` must be 0 (it applies to the combined log-sum-exp).
+
+    Example:
+
+    ```mlir
+    ce.shard_stats %logits, %labels into %stats layout = sbv_bs
+        {shard = #ce.shard<start = 64128, vocab = 128256>}
+        : memref<?x?x?xbf16>, memref<?x?xi64> into memref<?x?x4xf32>
+    ```
+  }], commonDescription);
+  let arguments = !con((ins
+    Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
+    Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
+    Arg<CE_TokenMemRef, "per-token partial statistics", [MemWrite]>:$stats),
+    CE_StatusOperand, CE_ConfigAttrs);
+  let assemblyFormat = !strconcat(
+    "$logits `,` $labels `into` $stats ", CE_StatusFormat,
+    " attr-dict `:` type($logits) `,` type($labels) `into` type($stats)");
 }
 
 #endif // CE_DIALECT_CE_IR_CEOPS_TD
