@@ -17,13 +17,7 @@ cd "$(dirname "$0")/../.."
 CE_GEN=${CE_GEN:-build/bin/ce-gen}
 BUILD_DIR=${BUILD_DIR:-build-gpu-runtime}
 
-cmake -S runtime -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCE_RUNTIME_BUILD_TESTS=OFF \
-  "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++ -static-libgcc -Wl,--exclude-libs,ALL -Wl,-Bsymbolic" \
-  >/dev/null
-ninja -C "$BUILD_DIR" -j"${CE_JOBS:-2}" ce_runtime
-mkdir -p .dev/lib
-cp -L "$BUILD_DIR/libce_runtime.so" .dev/lib/libce_runtime.so
+test/gpu/build_device_runtime.sh .dev/lib
 
 rm -rf .dev/bundles
 mkdir -p .dev/bundles
