@@ -17,6 +17,10 @@ package or in the build tree, or set with :func:`set_runtime_library`.
 CUDA tensors run GPU kernels (``ce-gen --target=sm_90`` on an H100/H200) on the current
 stream without synchronizing; a label out of range there is reported by a later call or by
 :func:`check_labels` (see ``cegen._kernels``).
+
+Under tensor parallelism, logits split over the vocabulary go to
+:func:`vocab_parallel_cross_entropy` (one all-reduce of per-token shard statistics in the
+forward, none in the backward; see ``cegen.tensor_parallel``).
 """
 
 from ._bundle_cache import find_ce_gen
@@ -36,11 +40,14 @@ from ._ownership import OverwriteRefusedWarning, reset_overwrite_warnings
 from ._runtime import Bundle, get_runtime, runtime_available
 from ._variant import VariantKey
 from .ops import cross_entropy
+from .tensor_parallel import combine_shard_stats, vocab_parallel_cross_entropy
 
 __version__ = "0.1.0"
 
 __all__ = [
     "cross_entropy",
+    "vocab_parallel_cross_entropy",
+    "combine_shard_stats",
     "check_labels",
     "configure",
     "get_config",

@@ -43,6 +43,7 @@ __all__ = [
     "OverwriteRefusedWarning",
     "TEMPORARY_REFCOUNT",
     "overwrite_refusal",
+    "grant_overwrite",
     "warn_refused",
     "reset_overwrite_warnings",
     "bump_version",
@@ -150,6 +151,24 @@ def overwrite_refusal(logits: torch.Tensor, python_refs: int, vouched_refs: int 
         return (f"the operation that produced the logits ({producer}) saved them for its own "
                 "backward, which would read the gradient")
     return None
+
+
+def grant_overwrite(logits: torch.Tensor, overwrite_input: bool, python_refs: int,
+                    vouched_refs: int = 0, stacklevel: int = 1) -> bool:
+    """Whether a loss entry point writes the gradient over ``logits``.
+
+    True when the caller asked for it, a gradient will be computed and
+    :func:`overwrite_refusal` finds nothing against it; a refused request warns once per
+    reason (``stacklevel`` as for :func:`warnings.warn` called where this function is
+    called: 1 names the caller) and returns False.
+    """
+    if not (overwrite_input and torch.is_grad_enabled() and logits.requires_grad):
+        return False
+    reason = overwrite_refusal(logits, python_refs, vouched_refs)
+    if reason is None:
+        return True
+    warn_refused(reason, stacklevel=stacklevel + 2)
+    return False
 
 
 _warned: Set[str] = set()

@@ -18,8 +18,11 @@ keeps that contract: the kernels read the ``[B, S]`` labels in place (no transpo
 and write the ``[B, S]`` loss directly. It runs cegen only when
 
 * ``--use-turbo-cross-entropy`` is on (otherwise nothing is patched),
-* the tensor-parallel size is 1 (the logits hold the whole vocabulary),
 * ``config.cross_entropy_loss_fusion`` is on (the user asked for a fused loss),
+* the tensor-parallel size is 1 (the logits hold the whole vocabulary), or it is larger and
+  the module's tensor-parallel group is a ``torch.distributed`` process group: the logits
+  then hold this rank's vocabulary slice and :func:`cegen.vocab_parallel_cross_entropy`
+  combines the ranks' partial statistics over that group (one all-reduce),
 * the logits are bf16/fp16/fp32 ``[S, B, V]`` with unit vocabulary stride, the labels
   int64/int32 ``[B, S]``, on the CPU or a CUDA (or ROCm) GPU,
 * the runtime library can be loaded;
@@ -37,13 +40,14 @@ import logging
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Type
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple, Type
 
 import torch
 
 from ._ownership import is_compiling
 from ._runtime import runtime_available
 from .ops import cross_entropy_vouched
+from .tensor_parallel import vocab_parallel_cross_entropy_vouched
 
 __all__ = [
     "TurboCESettings",
@@ -173,8 +177,8 @@ def add_turbo_ce_args(parser: argparse.ArgumentParser, *,
         "--use-turbo-cross-entropy", action=argparse.BooleanOptionalAction,
         default=settings.use_turbo_cross_entropy,
         help="Compute the language-model loss with cegen's fused cross-entropy kernels when "
-             "the case is supported (tensor-parallel size 1, --cross-entropy-loss-fusion, "
-             "bf16/fp16/fp32 logits); other cases keep Megatron's implementation.",
+             "the case is supported (--cross-entropy-loss-fusion, bf16/fp16/fp32 logits; "
+             "any tensor-parallel size); other cases keep Megatron's implementation.",
     )
     group.add_argument(
         "--turbo-ce-overwrite-input", action=argparse.BooleanOptionalAction,
@@ -234,49 +238,85 @@ def _group_size(group: Any) -> Optional[int]:
     return None
 
 
-def _tensor_parallel_size(module: Any) -> int:
-    """The tensor-parallel size the module runs under (its group, else its config)."""
-    sizes = []
-    config_size = getattr(getattr(module, "config", None), "tensor_model_parallel_size", None)
-    if isinstance(config_size, int):
-        sizes.append(config_size)
+def _parallel_state_group() -> Any:
+    """``parallel_state``'s tensor-parallel group, where Megatron initialized one."""
+    try:
+        from megatron.core import parallel_state  # type: ignore[import-not-found]
+
+        return parallel_state.get_tensor_model_parallel_group(check_initialized=False)
+    except Exception:  # no Megatron, or one without this function
+        return None
+
+
+def _tensor_parallel_group(module: Any) -> Any:
+    """The group Megatron's loss reduces over: ``self.tp_group`` (set by LanguageModule from
+    ``pg_collection.tp``, or parallel_state's group when that is None), else
+    ``pg_collection.tp``, else parallel_state's group."""
     group = getattr(module, "tp_group", None)
     if group is None:
         group = getattr(getattr(module, "pg_collection", None), "tp", None)
-    if group is not None:
-        size = _group_size(group)
-        if size is not None:
-            sizes.append(size)
-    return max(sizes) if sizes else 1
+    if group is None:
+        group = _parallel_state_group()
+    return group
+
+
+def _tensor_parallel_plan(module: Any) -> Tuple[Optional[str], Any]:
+    """(fallback reason, group): group None runs the whole-vocabulary kernels (TP size 1),
+    a group runs the vocab-parallel path over it; a reason says why neither can run."""
+    config_size = getattr(getattr(module, "config", None), "tensor_model_parallel_size", None)
+    config_size = config_size if isinstance(config_size, int) else None
+    group = _tensor_parallel_group(module)
+    group_size = _group_size(group) if group is not None else None
+    tp_size = max([size for size in (config_size, group_size) if size is not None], default=1)
+    if tp_size == 1:
+        return None, None
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        return f"tensor-parallel size is {tp_size} but torch.distributed is not initialized", None
+    if group is None:
+        return (f"tensor-parallel size is {tp_size} but no tensor-parallel process group was "
+                "found (self.tp_group, pg_collection.tp, parallel_state)"), None
+    if not isinstance(group, distributed.ProcessGroup):
+        return (f"tensor-parallel size is {tp_size} but the tensor-parallel group is a "
+                f"{type(group).__name__}, not a torch.distributed ProcessGroup"), None
+    if config_size is not None and group_size != config_size:
+        return (f"tensor-parallel size is {config_size} in the config but the tensor-parallel "
+                f"group has {group_size} ranks"), None
+    return None, group
+
+
+def _plan(module: Any, labels: Any, logits: Any) -> Tuple[Optional[str], Any]:
+    """(fallback reason, tensor-parallel group or None); see :func:`supported_case`."""
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "cross_entropy_loss_fusion"):
+        return "the module's config has no cross_entropy_loss_fusion field", None
+    if not config.cross_entropy_loss_fusion:
+        return "cross_entropy_loss_fusion is off (enable --cross-entropy-loss-fusion)", None
+    reason, group = _tensor_parallel_plan(module)
+    if reason is not None:
+        return reason, None
+    if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
+        return "labels or logits are not tensors", None
+    if logits.dtype not in _SUPPORTED_LOGITS:
+        return f"logits dtype {logits.dtype} is not supported (bf16, fp16, fp32 are)", None
+    if labels.dtype not in _SUPPORTED_LABELS:
+        return f"labels dtype {labels.dtype} is not supported (int64, int32 are)", None
+    if logits.dim() != 3 or labels.dim() != 2 or tuple(labels.shape) != (logits.shape[1], logits.shape[0]):
+        return (f"shapes labels {tuple(labels.shape)} / logits {tuple(logits.shape)} are not "
+                "[b, s] / [s, b, v]"), None
+    if logits.device.type not in _SUPPORTED_DEVICES or labels.device != logits.device:
+        return (f"logits on {logits.device} and labels on {labels.device}: this cegen build "
+                f"launches on {', '.join(_SUPPORTED_DEVICES)} only"), None
+    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
+        return "the logits' vocabulary dimension is not contiguous", None
+    if not runtime_available():
+        return "the cegen runtime library (libce_runtime.so) cannot be found or loaded", None
+    return None, group
 
 
 def supported_case(module: Any, labels: Any, logits: Any) -> Optional[str]:
     """Why cegen cannot compute this loss (the fallback reason), or None when it can."""
-    config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "cross_entropy_loss_fusion"):
-        return "the module's config has no cross_entropy_loss_fusion field"
-    if not config.cross_entropy_loss_fusion:
-        return "cross_entropy_loss_fusion is off (enable --cross-entropy-loss-fusion)"
-    tp_size = _tensor_parallel_size(module)
-    if tp_size != 1:
-        return f"tensor-parallel size is {tp_size}; vocab-parallel logits need TP size 1"
-    if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
-        return "labels or logits are not tensors"
-    if logits.dtype not in _SUPPORTED_LOGITS:
-        return f"logits dtype {logits.dtype} is not supported (bf16, fp16, fp32 are)"
-    if labels.dtype not in _SUPPORTED_LABELS:
-        return f"labels dtype {labels.dtype} is not supported (int64, int32 are)"
-    if logits.dim() != 3 or labels.dim() != 2 or tuple(labels.shape) != (logits.shape[1], logits.shape[0]):
-        return (f"shapes labels {tuple(labels.shape)} / logits {tuple(logits.shape)} are not "
-                "[b, s] / [s, b, v]")
-    if logits.device.type not in _SUPPORTED_DEVICES or labels.device != logits.device:
-        return (f"logits on {logits.device} and labels on {labels.device}: this cegen build "
-                f"launches on {', '.join(_SUPPORTED_DEVICES)} only")
-    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
-        return "the logits' vocabulary dimension is not contiguous"
-    if not runtime_available():
-        return "the cegen runtime library (libce_runtime.so) cannot be found or loaded"
-    return None
+    return _plan(module, labels, logits)[0]
 
 
 #: References to the logits that Megatron's callers of compute_language_model_loss hold
@@ -291,10 +331,18 @@ def _make_patched(original: Callable[..., torch.Tensor],
     @functools.wraps(original)
     def compute_language_model_loss(self: Any, labels: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         python_refs = 0 if is_compiling() else sys.getrefcount(logits)  # see cegen._ownership
-        reason = supported_case(self, labels, logits)
+        reason, tp_group = _plan(self, labels, logits)
         if reason is not None:
             _log_fallback(reason)
             return original(self, labels, logits)
+        if tp_group is not None:
+            # Vocab-parallel logits: this rank's slice; labels are global ids. Megatron's
+            # loss here has no label smoothing, z-loss or ignore_index.
+            return vocab_parallel_cross_entropy_vouched(
+                logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
+                group=tp_group, label_layout="bs",
+                overwrite_input=settings.turbo_ce_overwrite_input,
+            )
         return cross_entropy_vouched(
             logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
             label_layout="bs", overwrite_input=settings.turbo_ce_overwrite_input,

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 from . import _library
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs
-from ._ownership import bump_version, is_compiling, overwrite_refusal, warn_refused
+from ._ownership import bump_version, grant_overwrite, is_compiling
 from ._runtime import Bundle
 
 __all__ = ["cross_entropy", "cross_entropy_vouched"]
@@ -194,12 +194,7 @@ def cross_entropy_vouched(
                             _bundle_path(bundle))
     check_inputs(logits, labels, options)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    overwrite = bool(overwrite_input) and needs_grad
-    if overwrite:
-        reason = overwrite_refusal(logits, python_refs, vouched_refs)
-        if reason is not None:
-            warn_refused(reason, stacklevel=4)
-            overwrite = False
+    overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
     if needs_grad and grad_weights is not None:
         weights = _weights_tensor(grad_weights, logits)
         return _FusedCrossEntropyFunction.apply(logits, labels, weights, *_op_args(options), overwrite)

@@ -184,15 +184,20 @@ class TestFallback(PatchedTestCase):
             module(hidden, labels)  # the same reason is logged once
         self.assertEqual(self.original_calls(), before + 2)
 
-    def test_tensor_parallel(self) -> None:
+    # TP > 1 runs cegen's vocab-parallel path over a real torch.distributed group
+    # (test_tensor_parallel.py, in process groups); without one it falls back.
+
+    def test_tensor_parallel_without_torch_distributed(self) -> None:
         hidden, labels = self.inputs()
-        self.assert_falls_back(make_module(tp=2), hidden, labels, "tensor-parallel size is 2")
+        self.assert_falls_back(make_module(tp=2), hidden, labels,
+                               "tensor-parallel size is 2 but torch.distributed is not initialized")
 
     def test_tensor_parallel_group_only(self) -> None:
         module = make_module(tp=1)
         module.tp_group = FakeProcessGroup(4)
         hidden, labels = self.inputs()
-        self.assert_falls_back(module, hidden, labels, "tensor-parallel size is 4")
+        self.assert_falls_back(module, hidden, labels,
+                               "tensor-parallel size is 4 but torch.distributed is not initialized")
 
     def test_fusion_off(self) -> None:
         hidden, labels = self.inputs()

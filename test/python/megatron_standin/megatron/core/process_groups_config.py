@@ -1,7 +1,7 @@
 """Stand-in of ProcessGroupCollection and a process group that knows its size."""
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 class FakeProcessGroup:
@@ -20,9 +20,10 @@ class FakeProcessGroup:
 
 @dataclass
 class ProcessGroupCollection:
-    """The groups LanguageModule reads (tp, cp, pp, embd)."""
+    """The groups LanguageModule reads (tp, cp, pp, embd): FakeProcessGroups, or real
+    torch.distributed groups in multi-process tests."""
 
-    tp: Optional[FakeProcessGroup] = None
+    tp: Optional[Any] = None
     cp: Optional[FakeProcessGroup] = None
     pp: Optional[FakeProcessGroup] = None
     embd: Optional[FakeProcessGroup] = None
@@ -31,6 +32,8 @@ class ProcessGroupCollection:
     def use_mpu_process_groups() -> "ProcessGroupCollection":
         from megatron.core import parallel_state
 
-        size = parallel_state.get_tensor_model_parallel_world_size()
-        return ProcessGroupCollection(tp=FakeProcessGroup(size), cp=FakeProcessGroup(1),
-                                      pp=FakeProcessGroup(1), embd=None)
+        tp = parallel_state.get_tensor_model_parallel_group(check_initialized=False)
+        if tp is None:
+            tp = FakeProcessGroup(parallel_state.get_tensor_model_parallel_world_size())
+        return ProcessGroupCollection(tp=tp, cp=FakeProcessGroup(1), pp=FakeProcessGroup(1),
+                                      embd=None)

@@ -1,11 +1,11 @@
-"""Stand-in of megatron.core.fusions.fused_cross_entropy (single rank, for tests)."""
+"""Stand-in of megatron.core.fusions.fused_cross_entropy (the unfused stand-in's numbers)."""
 
-from megatron.core.tensor_parallel.cross_entropy import _single_rank_cross_entropy
+from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy_impl
 
 CALLS = {"fused_vocab_parallel_cross_entropy": 0}
 
 
 def fused_vocab_parallel_cross_entropy(vocab_parallel_logits, target, tp_group=None):
-    """[s, b, v] logits, [s, b] target -> [s, b] fp32 loss."""
+    """[s, b, v_local] logits, [s, b] global target -> [s, b] fp32 loss, over ``tp_group``."""
     CALLS["fused_vocab_parallel_cross_entropy"] += 1
-    return _single_rank_cross_entropy(vocab_parallel_logits, target)
+    return vocab_parallel_cross_entropy_impl(vocab_parallel_logits, target, 0.0, tp_group)

@@ -16,14 +16,19 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 
 class TinyGPTModel(LanguageModule):
-    """hidden [s, b, h] -> logits [s, b, v] -> per-token loss [b, s]."""
+    """hidden [s, b, h] -> logits [s, b, v] (v: this rank's vocabulary slice under tensor
+    parallelism) -> per-token loss [b, s]."""
 
     def __init__(self, config: TransformerConfig, hidden_size: int, vocab_size: int,
                  pg_collection: Optional[ProcessGroupCollection] = None,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32,
+                 output_weight: Optional[Tensor] = None) -> None:
         super().__init__(config=config, pg_collection=pg_collection)
-        self.output_weight = torch.nn.Parameter(
-            torch.randn(vocab_size, hidden_size, dtype=dtype) / hidden_size ** 0.5)
+        if output_weight is None:
+            output_weight = torch.randn(vocab_size, hidden_size, dtype=dtype) / hidden_size ** 0.5
+        # Under tensor parallelism the output layer (a ColumnParallelLinear in Megatron) holds
+        # this rank's rows of the [vocab, hidden] weight, so the logits are the rank's slice.
+        self.output_weight = torch.nn.Parameter(output_weight)
 
     def forward(self, hidden_states: Tensor, labels: Optional[Tensor] = None) -> Tensor:
         return self._postprocess(hidden_states, labels)

@@ -1,0 +1,273 @@
+"""Vocab-parallel (tensor-parallel) softmax cross entropy: logits sharded over the vocabulary.
+
+Under tensor parallelism each rank of a group of ``world`` ranks holds the logits of an
+equal vocabulary slice, ``[..., V_local]`` with global ids ``[rank * V_local, (rank + 1) *
+V_local)`` of a vocabulary of ``world * V_local`` ids (Megatron-Core's partitioning), and
+every rank holds the same labels, global ids. One forward:
+
+1. the ``shard_stats`` kernel reads the local slice once and writes four fp32 numbers per
+   token: the slice's maximum ``m_r``, ``rest_r = sum_j exp(x_j - m_r) - 1`` (the maximum's
+   own 1 implicit), the target logit if the label lies in the slice (else 0) and the
+   slice's sum of logits (label smoothing only);
+2. each rank writes them into its own slot of a zeroed ``[world, *tokens, 4]`` buffer and
+   one ``all_reduce`` (SUM) hands every rank all slots: adding zeros is exact, so it is an
+   all-gather that every backend (gloo, NCCL) runs with one collective;
+3. :func:`combine_shard_stats` merges the slots elementwise into the per-token loss and
+   log-sum-exp, exactly as the single-device kernel merges its lanes.
+
+The backward kernel computes the local slice of the gradient from the combined ``lse``; it
+needs no communication. docs/tensor-parallel.md has the formulas and the reasons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Any, Optional, Tuple
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _kernels
+from ._kernels import KernelOptions, Shard
+from ._errors import InvalidInputError
+from ._ownership import bump_version, grant_overwrite, is_compiling
+
+__all__ = [
+    "combine_shard_stats",
+    "vocab_parallel_cross_entropy",
+    "vocab_parallel_cross_entropy_vouched",
+]
+
+#: Per-token statistics in a shard_stats slot, in this order.
+STATS_FIELDS = ("max", "rest", "target", "sum")
+
+
+def _smoothing_factor(label_smoothing: float, smoothing_vocab: int) -> float:
+    """Megatron's ``s = alpha * V / (V - 1)``; 0 for a vocabulary of one."""
+    if label_smoothing == 0.0 or smoothing_vocab <= 1:
+        return 0.0
+    return label_smoothing * smoothing_vocab / (smoothing_vocab - 1)
+
+
+def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
+                        ignore_index: Optional[int], label_smoothing: float, z_loss: float,
+                        vocab_local: int, vocab: int, global_smoothing: bool,
+                        rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (loss, lse) from every rank's shard statistics; fp32, the labels' shape.
+
+    Args:
+        gathered: ``[world, *tokens, 4]``: slot ``r`` holds rank r's (max, rest, target,
+            sum) of the ``shard_stats`` kernel.
+        labels: global label ids, ``tokens`` shaped (only compared with ``ignore_index``).
+        ignore_index: labels equal to it get loss 0; None: none.
+        label_smoothing: alpha; ``s = alpha * V_s / (V_s - 1)`` with ``V_s = vocab_local``
+            (Megatron-Core's tensor-parallel smoothing: each rank smooths towards the mean
+            of its own slice, so the ranks' losses differ) or ``V_s = vocab`` with
+            ``global_smoothing`` (the unsharded loss on every rank).
+        z_loss: adds ``z_loss * lse^2``.
+        vocab_local, vocab: the slice's and the whole vocabulary's size.
+        rank: this rank's slot (whose slice mean local smoothing uses).
+
+    The merge keeps the single-device kernel's exact implicit one: with ``M = max_r m_r``,
+    ``e_r = exp(m_r - M)`` and ``r*`` the rank holding ``M``,
+    ``sum_j exp(x_j - M) = 1 + rest`` where ``rest = sum_r rest_r e_r + sum_{r != r*} e_r``;
+    the 1 of ``r*`` is never added, so ``rest`` keeps its digits when ``p_y`` is near 1.
+    ``lse = M + log1p(rest)``, ``loss = log1p(rest) - (x_y - M)``. Elementwise tensor
+    operations only: no host synchronization; NaN (a bad label's target) propagates.
+    """
+    if gathered.dim() < 2 or gathered.shape[-1] != len(STATS_FIELDS):
+        raise InvalidInputError(
+            f"gathered shard statistics must be [world, *tokens, {len(STATS_FIELDS)}], got "
+            f"{tuple(gathered.shape)}")
+    tokens = tuple(gathered.shape[1:-1])
+    if tuple(labels.shape) != tokens:
+        raise InvalidInputError(
+            f"labels of shape {tuple(labels.shape)} do not fit shard statistics of shape "
+            f"{tuple(gathered.shape)}")
+    world = gathered.shape[0]
+    if not 0 <= rank < world:
+        raise InvalidInputError(f"rank {rank} has no slot among {world}")
+    stats = gathered.to(torch.float32)
+    slice_max, slice_rest, slice_target, slice_sum = stats.unbind(dim=-1)
+
+    top, top_rank = slice_max.max(dim=0)
+    # An all -inf token would compute -inf - -inf; subtract 0 instead (as the kernels do).
+    shift = torch.where(top == -math.inf, torch.zeros_like(top), top)
+    scale = torch.exp(slice_max - shift)  # exactly 1 in the slot r* holding the maximum
+    ranks = torch.arange(world, device=stats.device).view((world,) + (1,) * len(tokens))
+    below_top = torch.where(ranks == top_rank.unsqueeze(0), torch.zeros_like(scale), scale)
+    rest = (slice_rest * scale).sum(dim=0) + below_top.sum(dim=0)
+    log1p_rest = torch.log1p(rest)
+    lse = top + log1p_rest
+    target = slice_target.sum(dim=0)  # one slot holds x_y, the others 0 (or all NaN)
+    loss = log1p_rest - (target - top)  # -log p_y
+
+    if label_smoothing != 0.0:
+        if global_smoothing:
+            smoothing_vocab, slice_total = vocab, slice_sum.sum(dim=0)
+        else:
+            smoothing_vocab, slice_total = vocab_local, slice_sum[rank]
+        s = _smoothing_factor(label_smoothing, smoothing_vocab)
+        if s != 0.0:
+            mean = slice_total / smoothing_vocab
+            loss = (1.0 - s) * loss + s * (lse - mean)
+    if z_loss != 0.0:
+        loss = loss + z_loss * lse * lse
+    if ignore_index is not None:
+        loss = torch.where(labels == ignore_index, torch.zeros_like(loss), loss)
+    return loss, lse
+
+
+# -- the process group --------------------------------------------------------------------
+
+
+def _rank_and_world(group: Any) -> Tuple[int, int]:
+    """This process's rank in ``group`` and the group's size (0, 1 without distributed)."""
+    distributed = torch.distributed
+    if not (distributed.is_available() and distributed.is_initialized()):
+        if group is not None:
+            raise InvalidInputError(
+                "vocab_parallel_cross_entropy was given a process group but torch.distributed "
+                "is not initialized")
+        return 0, 1
+    world = distributed.get_world_size(group=group)
+    rank = distributed.get_rank(group=group)
+    if rank < 0:
+        raise InvalidInputError(
+            "this process is not a member of the process group given to "
+            "vocab_parallel_cross_entropy")
+    return rank, world
+
+
+def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
+                     world: int, options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse) of this rank: its shard statistics, one all-reduce, the combine."""
+    gathered = torch.zeros((world,) + tuple(labels.shape) + (len(STATS_FIELDS),),
+                           dtype=torch.float32, device=logits.device)
+    # z-loss is a function of the global lse: the combine adds it, the statistics do not.
+    _kernels.shard_stats(logits, labels, dataclasses.replace(options, z_loss=0.0),
+                         out=gathered[rank])
+    if world > 1:
+        torch.distributed.all_reduce(gathered, group=group)  # SUM; the other slots are 0
+    shard = options.shard
+    return combine_shard_stats(
+        gathered, labels, ignore_index=options.ignore_index,
+        label_smoothing=options.label_smoothing, z_loss=options.z_loss,
+        vocab_local=logits.shape[-1], vocab=shard.vocab,
+        global_smoothing=shard.global_smoothing, rank=rank,
+    )
+
+
+class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
+    """Shard statistics + all-reduce + combine now; the local gradient slice in ``backward``."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                group: Any, rank: int, world: int, options: KernelOptions,
+                overwrite: bool) -> torch.Tensor:
+        loss, lse = _sharded_forward(logits, labels, group, rank, world, options)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.options = options
+        ctx.overwrite = overwrite
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        logits, labels, lse = ctx.saved_tensors
+        if ctx.overwrite:
+            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True)
+            bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
+            grad = logits.detach()
+        else:
+            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=False)
+        return grad, None, None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy_vouched(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    python_refs: int,
+    vouched_refs: int,
+    group: Any = None,
+    ignore_index: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    global_smoothing: bool = False,
+    label_layout: str = "bs",
+    overwrite_input: bool = False,
+) -> torch.Tensor:
+    """:func:`vocab_parallel_cross_entropy` for integrations that measured the logits'
+    references themselves (see :func:`cegen.ops.cross_entropy_vouched`)."""
+    options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
+                            z_loss=z_loss, label_layout=label_layout)
+    _kernels.check_inputs(logits, labels, options)  # before any collective: every rank alike
+    rank, world = _rank_and_world(group)
+    vocab_local = logits.shape[-1]
+    shard = Shard(start=rank * vocab_local, vocab=world * vocab_local,
+                  global_smoothing=bool(global_smoothing))
+    options = dataclasses.replace(options, shard=shard)
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad
+    if not needs_grad:
+        loss, _ = _sharded_forward(logits, labels, group, rank, world, options)
+        return loss
+    overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
+    return _VocabParallelCrossEntropyFunction.apply(logits, labels, group, rank, world, options,
+                                                    overwrite)
+
+
+def vocab_parallel_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    group: Any = None,
+    ignore_index: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    global_smoothing: bool = False,
+    label_layout: str = "bs",
+    overwrite_input: bool = False,
+) -> torch.Tensor:
+    """Per-token softmax cross entropy (fp32) of vocabulary-sharded logits.
+
+    Every rank of ``group`` calls it with its slice of the logits and the same labels.
+
+    Args:
+        logits: this rank's vocabulary slice, ``[N, V_local]`` or ``[S, B, V_local]``
+            (bfloat16, float16, float32; stride 1 over the vocabulary), holding the global
+            ids ``[rank * V_local, (rank + 1) * V_local)`` of ``world * V_local`` (Megatron's
+            equal partitions).
+        labels: global ids, int64 or int32, ``[N]`` or ``[B, S]`` / ``[S, B]`` (see
+            ``label_layout``); the same on every rank.
+        group: the ``torch.distributed`` process group the vocabulary is split over (None:
+            the default group; without an initialized torch.distributed, a group of one).
+        ignore_index: labels equal to it get loss 0 and a zero gradient row.
+        label_smoothing: alpha in [0, 1), Megatron's ``s = alpha V_s / (V_s - 1)``.
+        z_loss: adds ``z_loss * lse^2`` per token (lse over the whole vocabulary).
+        global_smoothing: ``V_s`` is the whole vocabulary (the loss equals the unsharded
+            loss). The default, False, smooths as Megatron-Core's vocab-parallel cross
+            entropy does: ``V_s = V_local`` and each rank's mean over its own slice, so with
+            label smoothing the ranks' losses differ.
+        label_layout: ``"bs"`` or ``"sb"`` for ``[S, B, V_local]`` logits.
+        overwrite_input: write the gradient slice over the logits' storage when they are
+            exclusively owned (as :func:`cegen.cross_entropy`).
+
+    Returns:
+        This rank's per-token loss, float32, in the labels' shape.
+
+    One all-reduce of ``world * tokens * 16`` bytes in the forward, none in the backward.
+    Raises as :func:`cegen.cross_entropy`: a label outside ``[0, world * V_local)`` that is
+    not the ignore_index raises :class:`~cegen.LabelOutOfRangeError` on every rank (lazily
+    on GPUs).
+    """
+    # First statement: see cegen._ownership.
+    python_refs = 0 if is_compiling() else sys.getrefcount(logits)
+    return vocab_parallel_cross_entropy_vouched(
+        logits, labels, python_refs=python_refs, vouched_refs=0, group=group,
+        ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
+        global_smoothing=global_smoothing, label_layout=label_layout,
+        overwrite_input=overwrite_input,
+    )

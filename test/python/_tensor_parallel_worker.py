@@ -1,0 +1,212 @@
+"""One rank of the process groups that test_tensor_parallel.py starts (not a unittest module).
+
+Usage (the test runs it; by hand only to debug)::
+
+    python3 _tensor_parallel_worker.py --rank R --world W --port P --inputs IN.pt \
+        --output OUT.pt --cache-dir DIR
+
+It joins a gloo group through the TCP store the test holds on 127.0.0.1:P, runs every
+case of ``IN.pt`` on its vocabulary slice of the logits with
+``cegen.vocab_parallel_cross_entropy`` (and, with W = 2, the Megatron stand-in), and saves
+what each case returned (loss, gradient slice, errors, warnings) to ``OUT.pt``; the test
+compares them. A case that raises is recorded, not fatal: every rank raises alike (the
+inputs are the same), so no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent.parent / "python"), str(HERE / "megatron_standin")]
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import cegen  # noqa: E402
+from cegen import _kernels  # noqa: E402
+
+TIMEOUT = datetime.timedelta(seconds=120)
+
+
+class FreshLogits(torch.autograd.Function):
+    """Identity into a fresh buffer (exclusively owned, non-leaf logits) that records where
+    its output and its incoming gradient live."""
+
+    output_pointers: List[int] = []
+    grad_pointers: List[int] = []
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        out = x.detach().clone()
+        FreshLogits.output_pointers.append(out.data_ptr())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        FreshLogits.grad_pointers.append(grad.data_ptr())
+        return grad
+
+
+def vocab_slice(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s equal slice of the last dimension, contiguous."""
+    local = full.shape[-1] // world
+    return full[..., rank * local:(rank + 1) * local].contiguous()
+
+
+def run_case(case: Dict[str, Any], rank: int, world: int, group: Any) -> Dict[str, Any]:
+    """One case on this rank: loss, gradient slice, refusal warnings, or the error."""
+    logits = vocab_slice(case["logits"], rank, world)
+    labels, weights, options = case["labels"], case["weights"], dict(case["options"])
+    overwrite = options.pop("overwrite_input", False)
+    FreshLogits.output_pointers.clear()
+    FreshLogits.grad_pointers.clear()
+    cegen.reset_overwrite_warnings()
+    try:
+        with warnings.catch_warnings(record=True) as caught, _kernels.poison_outputs():
+            warnings.simplefilter("always")
+            if case["no_grad"]:
+                with torch.no_grad():
+                    loss = cegen.vocab_parallel_cross_entropy(logits, labels, group=group, **options)
+                grad = None
+            else:
+                x = logits.clone().requires_grad_(True)
+                if overwrite:
+                    # A temporary, as a model's output is handed to its loss; keywords spelled
+                    # out: a **mapping call holds one more reference to the positional logits.
+                    loss = cegen.vocab_parallel_cross_entropy(
+                        FreshLogits.apply(x), labels, group=group, overwrite_input=True,
+                        ignore_index=options["ignore_index"],
+                        label_smoothing=options["label_smoothing"], z_loss=options["z_loss"],
+                        global_smoothing=options["global_smoothing"],
+                        label_layout=options["label_layout"])
+                else:
+                    loss = cegen.vocab_parallel_cross_entropy(x, labels, group=group, **options)
+                (loss * weights).sum().backward()
+                grad = x.grad
+    except Exception as error:  # recorded: the test checks which error every rank got
+        return {"error": type(error).__name__, "message": str(error),
+                "traceback": traceback.format_exc()}
+    return {
+        "loss": loss.detach(),
+        "grad": grad,
+        "refused": [str(w.message) for w in caught if issubclass(w.category, cegen.OverwriteRefusedWarning)],
+        "in_place": (bool(FreshLogits.output_pointers)
+                     and FreshLogits.grad_pointers == FreshLogits.output_pointers),
+    }
+
+
+class ListHandler(logging.Handler):
+    """Keeps the messages of a logger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def run_megatron(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
+    """The Megatron stand-in at TP = ``world``: patched (cegen) and original, its loss and
+    the gradient of this rank's output-weight rows."""
+    from cegen import megatron as turbo_ce
+    from megatron.core import parallel_state
+    from megatron.core.models.common.language_module import language_module
+    from megatron.core.models.gpt.gpt_model import TinyGPTModel
+    from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    hidden, labels, mask, weight = spec["hidden"], spec["labels"], spec["mask"], spec["weight"]
+    tp_group = dist.new_group(list(range(world)))  # a group of its own, as Megatron makes
+    config = TransformerConfig(tensor_model_parallel_size=world, cross_entropy_loss_fusion=True)
+    handler = ListHandler()
+    logging.getLogger("cegen.megatron").addHandler(handler)
+
+    def step(tp: Any, overwrite: Optional[bool], from_parallel_state: bool = False) -> Dict[str, Any]:
+        """One forward and backward; overwrite None runs Megatron's (the stand-in's) own."""
+        turbo_ce.uninstall()
+        turbo_ce.reset_fallback_log()
+        cegen.reset_overwrite_warnings()
+        if overwrite is not None:
+            turbo_ce.install(turbo_ce.TurboCESettings(True, overwrite))
+        language_module.CALLS["compute_language_model_loss"] = 0
+        handler.messages.clear()
+        groups = ProcessGroupCollection(tp=tp, cp=FakeProcessGroup(1), pp=FakeProcessGroup(1),
+                                        embd=None)
+        rows = weight.shape[0] // world
+        module = TinyGPTModel(config, hidden_size=hidden.shape[-1], vocab_size=weight.shape[0],
+                              pg_collection=groups,
+                              output_weight=weight[rank * rows:(rank + 1) * rows].clone())
+        if from_parallel_state:  # the module knows no group: only parallel_state has it
+            module.tp_group = module.pg_collection.tp = None
+            parallel_state.set_tensor_model_parallel_group(tp)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = module(hidden, labels)
+                ((loss * mask).sum() / mask.sum()).backward()
+        finally:
+            parallel_state.set_tensor_model_parallel_group(None)
+        return {
+            "loss": loss.detach(),
+            "grad": module.output_weight.grad,
+            "original_calls": language_module.CALLS["compute_language_model_loss"],
+            "logged": list(handler.messages),
+            "refused": [str(w.message) for w in caught
+                        if issubclass(w.category, cegen.OverwriteRefusedWarning)],
+        }
+
+    results = {
+        "patched": step(tp_group, overwrite=False),
+        "patched_overwrite": step(tp_group, overwrite=True),
+        "patched_parallel_state": step(tp_group, overwrite=False, from_parallel_state=True),
+        "original": step(tp_group, overwrite=None),
+        "fake_group": step(FakeProcessGroup(world, rank), overwrite=False),
+    }
+    turbo_ce.uninstall()
+    logging.getLogger("cegen.megatron").removeHandler(handler)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--inputs", type=Path, required=True)
+    parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument("--cache-dir", type=Path, required=True)
+    args = parser.parse_args()
+
+    cegen.configure(cache_dir=args.cache_dir)
+    store = dist.TCPStore("127.0.0.1", args.port, None, False, TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world,
+                            timeout=TIMEOUT)
+    inputs = torch.load(args.inputs)
+    results: Dict[str, Any] = {}
+    for case in inputs["cases"]:
+        results[case["name"]] = run_case(case, args.rank, args.world, None)
+    if args.world == 4:
+        # Two tensor-parallel groups of two (data parallel x TP): ranks within each group.
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        for case in inputs["cases"]:
+            if case["name"] in inputs["subgroup_cases"]:
+                results["pairs/" + case["name"]] = run_case(case, args.rank % 2, 2,
+                                                            pairs[args.rank // 2])
+    if args.world == 2:
+        results["megatron"] = run_megatron(inputs["megatron"], args.rank, args.world)
+    dist.barrier()
+    torch.save(results, args.output)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
