@@ -14,15 +14,31 @@ using namespace mlir;
 using namespace mlir::ce;
 
 std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
-  // Per-chip defaults (docs/gpu-mapping.md): 256 threads = 8 warps on sm_90
-  // and 4 wave64 waves on gfx9. Unroll 4 was the fastest forward and fused
-  // on the H200 (docs/PERFORMANCE.md); on gfx9 it would need up to 128
-  // VGPRs, the 4-waves-per-SIMD limit, so AMD keeps 2 until measured.
+  // The tuning table (docs/gpu-mapping.md, measured in
+  // docs/PERFORMANCE.md). sm_90, from the H200 sweeps: the statistics
+  // kernels run a row per warp with 8 loads in flight per lane (no barrier,
+  // no workgroup memory: 0.62 vs 0.70 ms at 8192x128256); the backward
+  // is memory-bound and best at 512 threads; the fused kernel at 256. gfx9
+  // is unmeasured (no device): 4 wave64 waves with unroll 2, since unroll 4
+  // reaches 128 VGPRs, the 4-waves-per-SIMD limit.
   if (chip == "sm_90")
-    return GpuTarget{chip.str(), false, 32, 256, 4};
+    return GpuTarget{chip.str(), false, 32, {32, 8}, {512, 4}, {256, 4}};
   if (chip == "gfx942" || chip == "gfx950" || chip == "gfx90a")
-    return GpuTarget{chip.str(), true, 64, 256, 2};
+    return GpuTarget{chip.str(), true, 64, {256, 2}, {256, 2}, {256, 2}};
   return std::nullopt;
+}
+
+GpuTuning GpuTarget::tuningFor(::ce::KernelOp op) const {
+  switch (op) {
+  case ::ce::KernelOp::Forward:
+  case ::ce::KernelOp::ShardStats:
+    return statistics;
+  case ::ce::KernelOp::Backward:
+    return gradient;
+  case ::ce::KernelOp::Fused:
+    return fused;
+  }
+  return statistics;
 }
 
 std::string GpuTarget::triple() const {

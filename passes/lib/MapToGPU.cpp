@@ -33,18 +33,6 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
   using Base::Base;
 
   void runOnOperation() override {
-    if (subgroupSize == 0 || !llvm::has_single_bit(subgroupSize.getValue()) ||
-        blockSize == 0 || blockSize % subgroupSize != 0 || blockSize > 1024) {
-      getOperation().emitError("block-size (")
-          << blockSize.getValue()
-          << ") must be a multiple of the power-of-two subgroup-size ("
-          << subgroupSize.getValue() << ") and at most 1024";
-      return signalPassFailure();
-    }
-    if (unroll == 0) {
-      getOperation().emitError("unroll must be at least 1");
-      return signalPassFailure();
-    }
     SmallVector<Operation *> ceOps;
     getOperation().walk([&](Operation *op) {
       if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
@@ -55,22 +43,50 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
         return signalPassFailure();
   }
 
+  /// The kernel's `ce.<name>` attribute, else the pass option.
+  static unsigned tuning(gpu::GPUFuncOp kernel, StringRef name,
+                         unsigned option) {
+    if (auto attr = kernel->getAttrOfType<IntegerAttr>(name))
+      return attr.getInt();
+    return option;
+  }
+
+  LogicalResult verifyTuning(Operation *op, unsigned blockSize,
+                             unsigned unroll) {
+    if (subgroupSize == 0 || !llvm::has_single_bit(subgroupSize.getValue()) ||
+        blockSize == 0 || blockSize % subgroupSize != 0 || blockSize > 1024)
+      return op->emitError("block-size (")
+             << blockSize
+             << ") must be a multiple of the power-of-two subgroup-size ("
+             << subgroupSize.getValue() << ") and at most 1024";
+    if (unroll == 0)
+      return op->emitError("unroll must be at least 1");
+    return success();
+  }
+
   LogicalResult mapToWorkgroup(Operation *op) {
     auto kernel = op->getParentOfType<gpu::GPUFuncOp>();
     if (!kernel || !kernel.isKernel())
       return op->emitError("ce ops in a gpu.module must be in a gpu.func "
                            "kernel");
+    unsigned blockSize = tuning(kernel, "ce.block_size", this->blockSize);
+    unsigned unroll = tuning(kernel, "ce.unroll", this->unroll);
+    if (failed(verifyTuning(op, blockSize, unroll)))
+      return failure();
     unsigned numSubgroups = blockSize / subgroupSize;
     MLIRContext *context = &getContext();
     auto workgroupSpace = gpu::AddressSpaceAttr::get(
         context, gpu::AddressSpace::Workgroup);
-    auto scratchType =
-        MemRefType::get({3 * static_cast<int64_t>(numSubgroups)},
-                        Float32Type::get(context), MemRefLayoutAttrInterface(),
-                        workgroupSpace);
-    Value scratch = kernel.addWorkgroupAttribution(scratchType, op->getLoc());
+    // Slots for the subgroups' partial states; a one-subgroup row needs none.
+    Value scratch;
+    if (numSubgroups > 1) {
+      auto scratchType = MemRefType::get(
+          {3 * static_cast<int64_t>(numSubgroups)}, Float32Type::get(context),
+          MemRefLayoutAttrInterface(), workgroupSpace);
+      scratch = kernel.addWorkgroupAttribution(scratchType, op->getLoc());
+    }
     kernel.setKnownBlockSizeAttr(DenseI32ArrayAttr::get(
-        context, {static_cast<int32_t>(blockSize.getValue()), 1, 1}));
+        context, {static_cast<int32_t>(blockSize), 1, 1}));
 
     IRRewriter rewriter(context);
     rewriter.setInsertionPoint(op);

@@ -16,6 +16,10 @@ using namespace mlir::ce;
 
 static constexpr float kLog2E = 1.44269504088896340736f;
 static constexpr float kInf = std::numeric_limits<float>::infinity();
+/// The maximum of a state that has seen no value > -inf: -FLT_MAX, finite
+/// so that `x - max` is never -inf - -inf and no element but -FLT_MAX
+/// itself compares equal to it. Such a state has no implicit 1 (rest = -1).
+static constexpr float kNoMax = -std::numeric_limits<float>::max();
 
 scf::ForOp mlir::ce::buildForLoop(
     ImplicitLocOpBuilder &b, Value lower, Value upper, Value step,
@@ -59,16 +63,12 @@ Value RowLoopBuilder::index(int64_t value) {
   return arith::ConstantIndexOp::create(b, value);
 }
 
-Value RowLoopBuilder::zeroIfNegInf(Value x) {
-  Value isNegInf = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
-                                         f32(-kInf, x.getType()));
-  return arith::SelectOp::create(b, isNegInf, f32(0.0f, x.getType()), x);
-}
-
 Value RowLoopBuilder::buildExp(Value x) {
   Value scaled = arith::MulFOp::create(b, x, f32(kLog2E, x.getType()));
   return math::Exp2Op::create(b, scaled);
 }
+
+
 
 Value RowLoopBuilder::buildLog1p(Value x) {
   // log(u) = k ln2 + 2 atanh(f / (2 + f)) with u = 1 + x = 2^k (1 + f),
@@ -308,15 +308,35 @@ std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
     memref::StoreOp::create(b, rest, threads.scratch, ValueRange{restSlot});
   });
   gpu::BarrierOp::create(b);
-  max = memref::LoadOp::create(b, threads.scratch, ValueRange{index(0)});
-  rest = memref::LoadOp::create(b, threads.scratch,
-                                ValueRange{index(numSubgroups)});
-  for (unsigned i = 1; i < numSubgroups; ++i) {
-    Value otherMax =
-        memref::LoadOp::create(b, threads.scratch, ValueRange{index(i)});
-    Value otherRest = memref::LoadOp::create(
-        b, threads.scratch, ValueRange{index(numSubgroups + i)});
-    std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
+  if (llvm::has_single_bit(numSubgroups)) {
+    // Lane l of every subgroup takes slot l mod numSubgroups, and a
+    // butterfly over numSubgroups lanes combines the slots in
+    // log2(numSubgroups) steps rather than one after another.
+    Value slot = arith::RemUIOp::create(b, lane, index(numSubgroups));
+    max = memref::LoadOp::create(b, threads.scratch, ValueRange{slot});
+    rest = memref::LoadOp::create(
+        b, threads.scratch,
+        ValueRange{arith::AddIOp::create(b, slot, index(numSubgroups))});
+    for (unsigned offset = numSubgroups / 2; offset >= 1; offset /= 2) {
+      auto other = [&](Value v) -> Value {
+        return gpu::ShuffleOp::create(b, v, offset, threads.subgroupSize,
+                                      gpu::ShuffleMode::XOR)
+            .getShuffleResult();
+      };
+      Value otherMax = other(max), otherRest = other(rest);
+      std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
+    }
+  } else {
+    max = memref::LoadOp::create(b, threads.scratch, ValueRange{index(0)});
+    rest = memref::LoadOp::create(b, threads.scratch,
+                                  ValueRange{index(numSubgroups)});
+    for (unsigned i = 1; i < numSubgroups; ++i) {
+      Value otherMax =
+          memref::LoadOp::create(b, threads.scratch, ValueRange{index(i)});
+      Value otherRest = memref::LoadOp::create(
+          b, threads.scratch, ValueRange{index(numSubgroups + i)});
+      std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
+    }
   }
   // The slots are reused by the next reduction.
   gpu::BarrierOp::create(b);
@@ -361,29 +381,29 @@ Value RowLoopBuilder::allReduceSum(Value sum) {
 /// old sum once. The maximum's own exp(0) = 1 becomes the implicit term:
 /// elements equal to the new maximum are counted as exact ones instead of
 /// being summed with the small terms, which would round those away.
+///
+/// States start at (kNoMax, -1): a finite maximum that any real value
+/// replaces, and no implicit 1 yet. So the per-element work is a compare,
+/// `exp(x - max)` (subtract, scale, exp2: the subtraction is exact for the
+/// values near the maximum that matter), two selects and two adds, with no
+/// -inf special case (a -inf element is exp2(-inf) = 0).
 static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
                                          ImplicitLocOpBuilder &b, Value max,
-                                         Value rest, ArrayRef<Value> xs,
-                                         function_ref<Value(Value)> exp,
-                                         function_ref<Value(Value)> safe) {
+                                         Value rest, ArrayRef<Value> xs) {
   Value tileMax = xs.front();
   for (Value x : xs.drop_front())
     tileMax = arith::MaximumFOp::create(b, tileMax, x);
   Value newMax = arith::MaximumFOp::create(b, max, tileMax);
-  Value safeMax = safe(newMax);
-  Value rescale = exp(arith::SubFOp::create(b, max, safeMax));
+  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
   Type type = max.getType();
   Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  Value finiteMax = arith::CmpFOp::create(b, arith::CmpFPredicate::ONE, newMax,
-                                          rows.f32(-std::numeric_limits<float>::infinity(), type));
   Value smallTerms, maxCount;
   for (Value x : xs) {
-    Value isMax = arith::AndIOp::create(
-        b, arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, newMax),
-        finiteMax);
+    Value isMax =
+        arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, newMax);
     Value term = arith::SelectOp::create(
-        b, isMax, zero, exp(arith::SubFOp::create(b, x, safeMax)));
+        b, isMax, zero, rows.buildExp(arith::SubFOp::create(b, x, newMax)));
     Value count = arith::SelectOp::create(b, isMax, one, zero);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
@@ -410,13 +430,10 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
   Value topRest = arith::SelectOp::create(b, aOnTop, restA, restB);
   Value lowMax = arith::SelectOp::create(b, aOnTop, maxB, maxA);
   Value lowRest = arith::SelectOp::create(b, aOnTop, restB, restA);
-  // The lower state's implicit 1 exists only if it saw a value > -inf.
-  Value lowSeen = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, lowMax,
-                                        f32(-kInf, type));
-  Value lowOne =
-      arith::SelectOp::create(b, lowSeen, f32(1.0f, type), f32(0.0f, type));
-  Value lowSum = arith::AddFOp::create(b, lowRest, lowOne);
-  Value scale = buildExp(arith::SubFOp::create(b, lowMax, zeroIfNegInf(topMax)));
+  // The lower state's sum, its implicit 1 included (0 for a state that saw
+  // no value > -inf: its rest is -1).
+  Value lowSum = arith::AddFOp::create(b, lowRest, f32(1.0f, type));
+  Value scale = buildExp(arith::SubFOp::create(b, lowMax, topMax));
   Value rest = arith::AddFOp::create(
       b, topRest, arith::MulFOp::create(b, lowSum, scale));
   return {topMax, rest};
@@ -425,12 +442,10 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
-  auto exp = [&](Value x) { return buildExp(x); };
-  auto safe = [&](Value x) { return zeroIfNegInf(x); };
 
   // Main sweep: `unroll` vectors per step, one state per lane.
   RowRange range = rangeOf(row, vocab);
-  SmallVector<Value> inits = {f32(-kInf, vectorType), f32(0.0f, vectorType)};
+  SmallVector<Value> inits = {f32(kNoMax, vectorType), f32(-1.0f, vectorType)};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
   SmallVector<Value> lanes = buildVectorLoops(
@@ -439,8 +454,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         SmallVector<Value, 8> xs;
         for (Value offset : offsets)
           xs.push_back(loadVector(row, offset));
-        auto [max, rest] = stepState(*this, b, state[0], state[1], xs, exp,
-                                     safe);
+        auto [max, rest] = stepState(*this, b, state[0], state[1], xs);
         SmallVector<Value> next = {max, rest};
         if (withSum) {
           Value tileSum = xs.front();
@@ -474,7 +488,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                       lanes[2]);
 
   // Scalar head and tail: a state of their own, merged last.
-  SmallVector<Value> tailInits = {f32(-kInf), f32(0.0f)};
+  SmallVector<Value> tailInits = {f32(kNoMax), f32(-1.0f)};
   if (withSum)
     tailInits.push_back(f32(0.0f));
   SmallVector<Value> tailState = buildScalarLoops(
@@ -482,7 +496,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
         Value x = loadElement(row, j);
         auto [tailMax, tailRest] =
-            stepState(*this, b, state[0], state[1], {x}, exp, safe);
+            stepState(*this, b, state[0], state[1], {x});
         SmallVector<Value> next = {tailMax, tailRest};
         if (withSum)
           next.push_back(arith::AddFOp::create(b, state[2], x));
@@ -506,16 +520,17 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                                         Value vocab, Value lse, Value scale,
                                         Value c, Value u) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  Value scaleC = arith::MulFOp::create(b, scale, c);
+  Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
   auto gradient = [&](Value x, Type type) -> Value {
     auto splat = [&](Value s) -> Value {
       if (isa<VectorType>(type))
         return vector::BroadcastOp::create(b, type, s);
       return s;
     };
+    // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
     Value p = buildExp(arith::SubFOp::create(b, x, splat(lse)));
-    Value pc = arith::MulFOp::create(b, p, splat(c));
-    Value shifted = arith::SubFOp::create(b, pc, splat(u));
-    return arith::MulFOp::create(b, splat(scale), shifted);
+    return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
   auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {
     Value x = loadElement(row, j);

@@ -20,8 +20,8 @@ namespace mlir::ce {
 /// `S = 1 + rest` at scale `max` (the maximum's own term is implicit), which
 /// keeps the small terms of a confident row from being rounded away.
 struct RowStats {
-  Value max;  ///< f32, max_j x_j (-inf for an all -inf row, NaN with NaN)
-  Value rest; ///< f32, S - 1 where S = sum_j exp(x_j - max)
+  Value max;  ///< f32, max_j x_j (-FLT_MAX for an all -inf row, NaN with NaN)
+  Value rest; ///< f32, S - 1 where S = sum_j exp(x_j - max) (-1: no x > -inf)
   Value sum;  ///< f32, sum_j x_j, only when requested
 };
 
@@ -99,6 +99,9 @@ public:
   Value buildLog1p(Value x);
   Value buildExpm1(Value x);
 
+  /// `exp(x)` for f32 x via exp2.
+  Value buildExp(Value x);
+
   /// Scalar or splat f32 constant shaped like `like`.
   Value f32(float value, Type like = {});
   Value index(int64_t value);
@@ -107,9 +110,6 @@ private:
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
-  /// `exp(x)` for f32 x via exp2.
-  Value buildExp(Value x);
-  Value zeroIfNegInf(Value x);
   Value loadVector(const RowRef &row, Value index);
   void storeVector(const RowRef &row, Value index, Value value);
   /// Where the vector steps of `row` start and end: at 0 on the host, at

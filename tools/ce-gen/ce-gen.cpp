@@ -416,21 +416,28 @@ int runGpuCodegen(MLIRContext &context,
   GpuPipelineOptions options;
   options.target = target.amd ? "rocdl" : "nvvm";
   options.chipset = target.chip;
-  options.blockSize = blockSize ? blockSize.getValue() : target.blockSize;
   options.subgroupSize = target.subgroupSize;
-  options.unroll = unroll ? unroll.getValue() : target.unroll;
   std::vector<KernelInfo> kernels;
   for (auto [i, key] : llvm::enumerate(keys)) {
     std::string name =
         ("ce_" + llvm::Twine(::ce::stringify(key.op)) + "_" + llvm::Twine(i))
             .str();
     gpu::GPUFuncOp func = buildGpuKernel(kernelModule, name, key);
+    // --block-size/--unroll set every kernel's; else the chip's per-op
+    // default. The mapping pass reads them from these attributes.
+    GpuTuning tuning = target.tuningFor(key.op);
+    if (blockSize)
+      tuning.blockSize = blockSize;
+    if (unroll)
+      tuning.unroll = unroll;
+    func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
+    func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     FailureOr<KernelInfo> info = describeKernel(func);
     if (failed(info))
       return 2;
     info->symbol = name;
     info->abi = "memref-descriptor-fields";
-    info->blockSize = options.blockSize;
+    info->blockSize = tuning.blockSize;
     kernels.push_back(std::move(*info));
   }
   if (failed(verify(*module)))

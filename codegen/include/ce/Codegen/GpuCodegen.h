@@ -3,6 +3,8 @@
 #ifndef CE_CODEGEN_GPUCODEGEN_H
 #define CE_CODEGEN_GPUCODEGEN_H
 
+#include "ce/runtime/VariantKey.h"
+
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "llvm/IR/Module.h"
 #include "llvm/Target/TargetMachine.h"
@@ -13,16 +15,27 @@
 
 namespace mlir::ce {
 
-/// A GPU chip ce-gen can emit code objects for, with its per-chip defaults.
+/// How one kernel is mapped: threads per workgroup (one row each) and
+/// 16-byte loads per thread and step.
+struct GpuTuning {
+  unsigned blockSize;
+  unsigned unroll;
+};
+
+/// A GPU chip ce-gen can emit code objects for, with its per-chip, per-op
+/// defaults (the tuning table of docs/gpu-mapping.md).
 struct GpuTarget {
   std::string chip; ///< sm_90, gfx942, gfx950, gfx90a
   bool amd;
   unsigned subgroupSize; ///< 32 (warp) or 64 (wave64)
-  unsigned blockSize;
-  unsigned unroll; ///< 16-byte loads per thread and step
+  GpuTuning statistics;  ///< forward and shard_stats: one sweep, no writes
+  GpuTuning gradient;    ///< backward: read and write
+  GpuTuning fused;       ///< fused: two sweeps of a row
 
   /// The target named `chip`, or nothing for an unknown chip.
   static std::optional<GpuTarget> lookup(StringRef chip);
+  /// The default tuning of kernels of `op` on this chip.
+  GpuTuning tuningFor(::ce::KernelOp op) const;
   std::string triple() const;
   /// The code object's file name in a bundle.
   std::string objectFile() const;

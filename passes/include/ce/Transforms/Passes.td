@@ -87,13 +87,22 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     through one slot per subgroup in workgroup memory, read back by every
     thread in the same order, so results are deterministic and no float
     atomics are used. Thread 0 writes the per-token outputs; a barrier
-    separates the gradient sweep from the target element's rewrite.
+    separates the gradient sweep from the target element's rewrite. With
+    one subgroup per workgroup (`block-size` = `subgroup-size`) a row is one
+    warp's: no workgroup memory and no barrier. Several subgroups combine
+    their slots by a butterfly when their number is a power of two.
+
+    A kernel may carry its own tuning, which wins over the pass options:
+    integer attributes `ce.block_size` and `ce.unroll` on the `gpu.func`
+    (ce-gen sets them from the per-chip, per-op table of
+    docs/gpu-mapping.md).
 
     Indices are 64-bit (`index` lowered with 64-bit width), so rows of
     N * V > 2^31 elements are addressed correctly.
 
     Preconditions: the kernel's memrefs are in the global address space;
-    launch with `block-size` threads and one workgroup per token.
+    launch with the kernel's block size (`known_block_size`) and one
+    workgroup per token.
 
     ```mlir
     gpu.func @k(...) kernel {
