@@ -229,36 +229,54 @@ int64_t RowLoopBuilder::chunkSize() const {
 
 SmallVector<Value> RowLoopBuilder::buildVectorLoops(
     const RowRange &range, ValueRange inits,
-    function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body) {
+    function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body,
+    bool lastFirst) {
   // Thread t's k-th vector of a chunk starts at (k * threads + t) * width:
   // consecutive threads read consecutive 16-byte vectors, so every load
   // instruction of a warp covers one contiguous span.
   int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
-  Value first = range.head;
+  Value threadOffset = index(0);
   if (threads.enabled())
-    first = arith::AddIOp::create(
-        b, first, arith::MulIOp::create(b, threads.threadId,
-                                        index(vectorWidth)));
-  scf::ForOp main = buildForLoop(
-      b, first, range.mainEnd, index(chunkSize()), inits,
-      [&](Value j, ValueRange state) {
-        SmallVector<Value, 8> offsets = {j};
-        for (unsigned k = 1; k < unroll; ++k)
-          offsets.push_back(arith::AddIOp::create(b, j, index(k * threadStride)));
-        return body(offsets, state);
-      });
+    threadOffset = arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
+  auto chunkBody = [&](Value j, ValueRange state) {
+    SmallVector<Value, 8> offsets = {j};
+    for (unsigned k = 1; k < unroll; ++k)
+      offsets.push_back(arith::AddIOp::create(b, j, index(k * threadStride)));
+    return body(offsets, state);
+  };
   // Whole vectors left after the last chunk, one per thread and step.
-  Value remainderFirst = range.mainEnd;
-  if (threads.enabled())
-    remainderFirst = arith::AddIOp::create(
-        b, remainderFirst,
-        arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
-  scf::ForOp remainder = buildForLoop(
-      b, remainderFirst, range.vectorEnd, index(threadStride),
-      main.getResults(),
-      [&](Value j, ValueRange state) { return body({j}, state); });
-  return SmallVector<Value>(remainder.getResults().begin(),
-                            remainder.getResults().end());
+  auto buildRemainder = [&](ValueRange state) {
+    return buildForLoop(
+        b, arith::AddIOp::create(b, range.mainEnd, threadOffset),
+        range.vectorEnd, index(threadStride), state,
+        [&](Value j, ValueRange state) { return body({j}, state); });
+  };
+  if (!lastFirst) {
+    scf::ForOp main = buildForLoop(
+        b, arith::AddIOp::create(b, range.head, threadOffset), range.mainEnd,
+        index(chunkSize()), inits, chunkBody);
+    scf::ForOp remainder = buildRemainder(main.getResults());
+    return SmallVector<Value>(remainder.getResults().begin(),
+                              remainder.getResults().end());
+  }
+  // The end of the row first: the remainder, then the chunks last to first.
+  scf::ForOp remainder = buildRemainder(inits);
+  Value numChunks = arith::DivUIOp::create(
+      b, arith::SubIOp::create(b, range.mainEnd, range.head),
+      index(chunkSize()));
+  Value lastChunk = arith::AddIOp::create(
+      b, arith::AddIOp::create(b, range.head, threadOffset),
+      arith::MulIOp::create(
+          b, arith::SubIOp::create(b, numChunks, index(1)),
+          index(chunkSize())));
+  scf::ForOp main = buildForLoop(
+      b, index(0), numChunks, index(1), remainder.getResults(),
+      [&](Value i, ValueRange state) {
+        Value j = arith::SubIOp::create(
+            b, lastChunk, arith::MulIOp::create(b, i, index(chunkSize())));
+        return chunkBody(j, state);
+      });
+  return SmallVector<Value>(main.getResults().begin(), main.getResults().end());
 }
 
 scf::ForOp RowLoopBuilder::buildTailLoop(
@@ -279,12 +297,9 @@ SmallVector<Value> RowLoopBuilder::buildScalarLoops(
   return SmallVector<Value>(tail.getResults().begin(), tail.getResults().end());
 }
 
-/// Butterfly over a subgroup, then one slot per subgroup in workgroup
-/// memory, combined by every thread in the same order (deterministic).
-std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
-  if (!threads.enabled())
-    return {max, rest};
-  for (unsigned offset = threads.subgroupSize / 2; offset >= 1; offset /= 2) {
+std::pair<Value, Value> RowLoopBuilder::butterflyState(Value max, Value rest,
+                                                      unsigned width) {
+  for (unsigned offset = width / 2; offset >= 1; offset /= 2) {
     auto other = [&](Value v) -> Value {
       return gpu::ShuffleOp::create(b, v, offset, threads.subgroupSize,
                                     gpu::ShuffleMode::XOR)
@@ -293,6 +308,15 @@ std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
     Value otherMax = other(max), otherRest = other(rest);
     std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
   }
+  return {max, rest};
+}
+
+/// Butterfly over a subgroup, then one slot per subgroup in workgroup
+/// memory, combined by every thread in the same order (deterministic).
+std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
+  if (!threads.enabled())
+    return {max, rest};
+  std::tie(max, rest) = butterflyState(max, rest, threads.subgroupSize);
   unsigned numSubgroups = threads.numSubgroups();
   if (numSubgroups <= 1)
     return {max, rest};
@@ -317,15 +341,7 @@ std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
     rest = memref::LoadOp::create(
         b, threads.scratch,
         ValueRange{arith::AddIOp::create(b, slot, index(numSubgroups))});
-    for (unsigned offset = numSubgroups / 2; offset >= 1; offset /= 2) {
-      auto other = [&](Value v) -> Value {
-        return gpu::ShuffleOp::create(b, v, offset, threads.subgroupSize,
-                                      gpu::ShuffleMode::XOR)
-            .getShuffleResult();
-      };
-      Value otherMax = other(max), otherRest = other(rest);
-      std::tie(max, rest) = combineStates(max, rest, otherMax, otherRest);
-    }
+    std::tie(max, rest) = butterflyState(max, rest, numSubgroups);
   } else {
     max = memref::LoadOp::create(b, threads.scratch, ValueRange{index(0)});
     rest = memref::LoadOp::create(b, threads.scratch,
@@ -518,7 +534,7 @@ Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
 
 void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                                         Value vocab, Value lse, Value scale,
-                                        Value c, Value u) {
+                                        Value c, Value u, bool lastFirst) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
@@ -548,7 +564,8 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
           for (auto [offset, x] : llvm::zip_equal(offsets, xs))
             storeVector(grad, offset, gradient(x, vectorType));
           return {};
-        });
+        },
+        lastFirst && threads.enabled());
     buildScalarLoops(range, vocab, {}, scalarStep);
   };
   RowRange range = rangeOf(row, vocab);

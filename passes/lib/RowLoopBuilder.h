@@ -82,9 +82,12 @@ public:
 
   /// Writes `grad[j] = scale * (exp(x_j - lse) * c - u)` for every j of the
   /// row, reading `x` from `row` and writing into `grad` (may be the same
-  /// buffer: each element is read before it is written).
+  /// buffer: each element is read before it is written). `lastFirst` walks
+  /// a GPU row's chunks from its end: right after a statistics sweep of the
+  /// same row, the most recently read bytes are the likeliest still in L2.
   void buildGradientSweep(const RowRef &row, const RowRef &grad, Value vocab,
-                          Value lse, Value scale, Value c, Value u);
+                          Value lse, Value scale, Value c, Value u,
+                          bool lastFirst = false);
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
@@ -124,7 +127,8 @@ private:
   /// of the vectors of one step and the loop state, and returns the next.
   SmallVector<Value> buildVectorLoops(
       const RowRange &range, ValueRange inits,
-      function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body);
+      function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body,
+      bool lastFirst = false);
   /// Builds this thread's share of scalar elements in [begin, end).
   scf::ForOp buildTailLoop(
       Value begin, Value end, ValueRange inits,
@@ -136,6 +140,10 @@ private:
   /// Combines the (max, rest) states, or the sums, of all threads; every
   /// thread gets the result. Identity on the host.
   std::pair<Value, Value> allReduceState(Value max, Value rest);
+  /// Combines the states of each group of `width` (a power of two) lanes
+  /// by xor shuffles; every lane of a group gets the group's state.
+  std::pair<Value, Value> butterflyState(Value max, Value rest,
+                                         unsigned width);
   Value allReduceSum(Value sum);
 
   ImplicitLocOpBuilder &b;

@@ -225,8 +225,11 @@ public:
   /// label, and otherwise `g * (p * c - s/V)` with the target element
   /// replaced by `g * (expm1(log p_y) * c + 2 z lse + s - s/V)`, computed
   /// from the exact log-probability rather than from a rounded p_y - 1.
+  /// `afterStatistics`: the row was just swept (the fused op), so the GPU
+  /// sweep starts from the row's end, whose bytes are likeliest in L2.
   void buildGradient(const Token &token, Value grad, const LabelInfo &label,
-                     Value lse, Value logProb, Value weight) {
+                     Value lse, Value logProb, Value weight,
+                     bool afterStatistics = false) {
     RowRef gradRow = rowOf(grad, token);
     buildIf(
         b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
@@ -243,7 +246,7 @@ public:
           }
           Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
           rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
-                                  scale, c, u);
+                                  scale, c, u, afterStatistics);
           // The target element is rewritten after every thread's sweep.
           rowBarrier();
           leaderOnly([&] { buildIf(b, label.inRow, [&] {
@@ -317,7 +320,7 @@ public:
             ? sharedWeight
             : memref::LoadOp::create(b, op.getWeights(), t.indices).getResult();
     buildGradient(t, op.getGrad(), forward.label, forward.lse,
-                  forward.logProb, weight);
+                  forward.logProb, weight, /*afterStatistics=*/true);
   }
 
   /// What the forward part of a token leaves for a gradient.
