@@ -30,7 +30,7 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
           {"launch", llvm::json::Object{{"block_size", kernel.blockSize},
                                         {"rows_per_block",
                                          kernel.blockSize ? 1 : 0},
-                                        {"lds_bytes", 0}}}});
+                                        {"lds_bytes", kernel.ldsBytes}}}});
     }
   }
   llvm::json::Object manifest{{"format", "cegen-bundle"},

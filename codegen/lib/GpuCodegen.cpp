@@ -22,10 +22,24 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // is unmeasured (no device): 4 wave64 waves with unroll 2, since unroll 4
   // reaches 128 VGPRs, the 4-waves-per-SIMD limit.
   if (chip == "sm_90")
-    return GpuTarget{chip.str(), false, 32, {32, 8}, {512, 4}, {256, 4}};
-  if (chip == "gfx942" || chip == "gfx950" || chip == "gfx90a")
-    return GpuTarget{chip.str(), true, 64, {256, 2}, {256, 2}, {256, 2}};
+    return GpuTarget{chip.str(), false, 32, 228 * 1024,
+                     {32, 8}, {512, 4}, {256, 4}};
+  if (chip == "gfx942" || chip == "gfx90a")
+    return GpuTarget{chip.str(), true, 64, 64 * 1024,
+                     {256, 2}, {256, 2}, {256, 2}};
+  if (chip == "gfx950")
+    return GpuTarget{chip.str(), true, 64, 160 * 1024,
+                     {256, 2}, {256, 2}, {256, 2}};
   return std::nullopt;
+}
+
+unsigned GpuTarget::ldsBytesFor(unsigned rowsPerSM) const {
+  if (rowsPerSM == 0)
+    return 0;
+  // One more workgroup must not fit: (k + 1) (L + reserved) > per-SM bytes,
+  // with the 1 KB the CUDA driver reserves per block (none on AMD).
+  unsigned reserved = amd ? 0 : 1024;
+  return sharedBytesPerSM / (rowsPerSM + 1) - reserved + 1;
 }
 
 GpuTuning GpuTarget::tuningFor(::ce::KernelOp op) const {

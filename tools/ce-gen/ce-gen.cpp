@@ -108,6 +108,12 @@ cl::opt<unsigned> blockSize("block-size",
                             cl::desc("Threads per workgroup on GPUs "
                                      "(default: the chip's)"),
                             cl::init(0), cl::cat(category));
+cl::opt<unsigned> rowsPerSM(
+    "rows-per-sm",
+    cl::desc("At most this many rows in flight per SM/CU on GPUs, enforced "
+             "by reserving shared memory at launch (default: the chip's "
+             "per-op table; 0: no cap)"),
+    cl::init(~0u), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -430,6 +436,8 @@ int runGpuCodegen(MLIRContext &context,
       tuning.blockSize = blockSize;
     if (unroll)
       tuning.unroll = unroll;
+    if (rowsPerSM != ~0u)
+      tuning.rowsPerSM = rowsPerSM;
     func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     FailureOr<KernelInfo> info = describeKernel(func);
@@ -438,6 +446,7 @@ int runGpuCodegen(MLIRContext &context,
     info->symbol = name;
     info->abi = "memref-descriptor-fields";
     info->blockSize = tuning.blockSize;
+    info->ldsBytes = target.ldsBytesFor(tuning.rowsPerSM);
     kernels.push_back(std::move(*info));
   }
   if (failed(verify(*module)))

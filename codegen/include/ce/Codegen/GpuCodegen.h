@@ -20,6 +20,9 @@ namespace mlir::ce {
 struct GpuTuning {
   unsigned blockSize;
   unsigned unroll;
+  /// At most this many workgroups (rows) in flight per SM/CU, enforced by
+  /// reserving dynamic shared memory at launch; 0: no cap.
+  unsigned rowsPerSM = 0;
 };
 
 /// A GPU chip ce-gen can emit code objects for, with its per-chip, per-op
@@ -28,6 +31,7 @@ struct GpuTarget {
   std::string chip; ///< sm_90, gfx942, gfx950, gfx90a
   bool amd;
   unsigned subgroupSize; ///< 32 (warp) or 64 (wave64)
+  unsigned sharedBytesPerSM; ///< shared memory (LDS) per SM (CU)
   GpuTuning statistics;  ///< forward and shard_stats: one sweep, no writes
   GpuTuning gradient;    ///< backward: read and write
   GpuTuning fused;       ///< fused: two sweeps of a row
@@ -36,6 +40,9 @@ struct GpuTarget {
   static std::optional<GpuTarget> lookup(StringRef chip);
   /// The default tuning of kernels of `op` on this chip.
   GpuTuning tuningFor(::ce::KernelOp op) const;
+  /// Dynamic shared memory that lets at most `rowsPerSM` workgroups share
+  /// an SM (0 for no cap).
+  unsigned ldsBytesFor(unsigned rowsPerSM) const;
   std::string triple() const;
   /// The code object's file name in a bundle.
   std::string objectFile() const;

@@ -37,6 +37,8 @@ struct KernelInfo {
   std::string symbol;
   std::string abi = "memref-descriptor-pointers";
   unsigned blockSize = 0;
+  /// Dynamic shared memory to reserve at launch (caps blocks per SM).
+  unsigned ldsBytes = 0;
 };
 
 /// Adds `func.func @name` computing `key` to `module` (host kernels).
