@@ -22,7 +22,6 @@ needs no communication. docs/tensor-parallel.md has the formulas and the reasons
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any, Optional, Tuple
 
@@ -39,6 +38,9 @@ __all__ = [
     "vocab_parallel_cross_entropy",
     "vocab_parallel_cross_entropy_vouched",
 ]
+
+#: The lowest finite float32.
+_F32_LOWEST = -3.4028234663852886e38
 
 #: Per-token statistics in a shard_stats slot, in this order.
 STATS_FIELDS = ("max", "rest", "target", "sum")
@@ -92,17 +94,18 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     stats = gathered.to(torch.float32)
     slice_max, slice_rest, slice_target, slice_sum = stats.unbind(dim=-1)
 
+    # Few elementwise kernels: on a GPU each costs a few microseconds whatever its size.
     top, top_rank = slice_max.max(dim=0)
-    # An all -inf token would compute -inf - -inf; subtract 0 instead (as the kernels do).
-    shift = torch.where(top == -math.inf, torch.zeros_like(top), top)
+    # The kernels floor a slice's maximum at -FLT_MAX; the floor here keeps an all -inf
+    # token of other producers from computing -inf - -inf.
+    shift = top.clamp(min=_F32_LOWEST)
     scale = torch.exp(slice_max - shift)  # exactly 1 in the slot r* holding the maximum
-    ranks = torch.arange(world, device=stats.device).view((world,) + (1,) * len(tokens))
-    below_top = torch.where(ranks == top_rank.unsqueeze(0), torch.zeros_like(scale), scale)
-    rest = (slice_rest * scale).sum(dim=0) + below_top.sum(dim=0)
+    below_top = scale.scatter(0, top_rank.unsqueeze(0), 0.0)  # the other slots' implicit 1s
+    rest = torch.addcmul(below_top, slice_rest, scale).sum(dim=0)
     log1p_rest = torch.log1p(rest)
     lse = top + log1p_rest
     target = slice_target.sum(dim=0)  # one slot holds x_y, the others 0 (or all NaN)
-    loss = log1p_rest - (target - top)  # -log p_y
+    loss = log1p_rest - (target - top)  # -log p_y; x_y - M first: exact near the maximum
 
     if label_smoothing != 0.0:
         if global_smoothing:
@@ -116,7 +119,7 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     if z_loss != 0.0:
         loss = loss + z_loss * lse * lse
     if ignore_index is not None:
-        loss = torch.where(labels == ignore_index, torch.zeros_like(loss), loss)
+        loss = loss.masked_fill(labels == ignore_index, 0.0)
     return loss, lse
 
 
