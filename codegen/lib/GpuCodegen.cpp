@@ -114,13 +114,6 @@ mlir::ce::translateGpuModule(gpu::GPUModuleOp module,
   }
   llvmModule->setTargetTriple(machine.getTargetTriple());
   llvmModule->setDataLayout(machine.createDataLayout());
-  // Kernels marked `ce.flush_denormals` flush f32 denormals (NVPTX then
-  // selects the one-instruction `ex2.approx.ftz.f32`).
-  for (Operation &op : module.getBody()->without_terminator())
-    if (op.hasAttr("ce.flush_denormals"))
-      if (auto name = op.getAttrOfType<StringAttr>(SymbolTable::getSymbolAttrName()))
-        if (llvm::Function *fn = llvmModule->getFunction(name.getValue()))
-          fn->addFnAttr("denormal-fp-math-f32", "preserve-sign,preserve-sign");
   auto optimize = makeOptimizingTransformer(3, 0, &machine);
   if (llvm::Error err = optimize(llvmModule.get())) {
     error = llvm::toString(std::move(err));

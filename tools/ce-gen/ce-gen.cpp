@@ -438,12 +438,6 @@ int runGpuCodegen(MLIRContext &context,
       tuning.unroll = unroll;
     if (rowsPerSM != ~0u)
       tuning.rowsPerSM = rowsPerSM;
-    // Kernels that only sum exponentials (no gradient output) lose nothing
-    // by flushing f32 denormals: a term below 2^-126 is far below the
-    // resolution of the implicit 1 it is added next to.
-    if (!target.amd && (key.op == ::ce::KernelOp::Forward ||
-                        key.op == ::ce::KernelOp::ShardStats))
-      func->setAttr("ce.flush_denormals", builder.getUnitAttr());
     func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     FailureOr<KernelInfo> info = describeKernel(func);
