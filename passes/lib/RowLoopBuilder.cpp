@@ -167,10 +167,35 @@ Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
   auto loadType = VectorType::get({vectorWidth}, elementType);
   Value value = vector::LoadOp::create(b, loadType, row.memref, indices,
                                        /*nontemporal=*/false, alignment());
+  if (elementType.isBF16() && threads.enabled() && vectorWidth % 2 == 0)
+    return widenBF16Pairs(value);
   if (!elementType.isF32())
     value = arith::ExtFOp::create(
         b, VectorType::get({vectorWidth}, b.getF32Type()), value);
   return value;
+}
+
+Value RowLoopBuilder::widenBF16Pairs(Value value) {
+  // A bf16 is the high half of an f32: with two per 32-bit word, the even
+  // element is `word << 16` and the odd one `word & 0xffff0000`, one integer
+  // operation each (a conversion plus an unpacking move otherwise).
+  int64_t words = vectorWidth / 2;
+  auto wordType = VectorType::get({words}, b.getI32Type());
+  auto halfType = VectorType::get({words}, b.getF32Type());
+  Value packed = vector::BitCastOp::create(b, wordType, value);
+  auto splat = [&](int32_t bits) -> Value {
+    return arith::ConstantOp::create(
+        b, DenseElementsAttr::get(wordType, b.getI32IntegerAttr(bits)));
+  };
+  Value even = vector::BitCastOp::create(
+      b, halfType, arith::ShLIOp::create(b, packed, splat(16)));
+  Value odd = vector::BitCastOp::create(
+      b, halfType,
+      arith::AndIOp::create(b, packed, splat(static_cast<int32_t>(0xffff0000u))));
+  SmallVector<int64_t, 16> interleave;
+  for (int64_t i = 0; i < words; ++i)
+    interleave.append({i, words + i});
+  return vector::ShuffleOp::create(b, even, odd, interleave);
 }
 
 void RowLoopBuilder::storeVector(const RowRef &row, Value index, Value value) {
@@ -414,17 +439,21 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   Type type = max.getType();
   Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  Value smallTerms, maxCount;
+  // Per element one select: the small terms leave out the maximum's copies
+  // (exp(0) = 1 exactly), all terms keep them, and the difference of the two
+  // sums (at most xs.size(), off by a few ulps) rounds to their count.
+  Value smallTerms, allTerms;
   for (Value x : xs) {
     Value isMax =
         arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, newMax);
-    Value term = arith::SelectOp::create(
-        b, isMax, zero, rows.buildExp(arith::SubFOp::create(b, x, newMax)));
-    Value count = arith::SelectOp::create(b, isMax, one, zero);
+    Value e = rows.buildExp(arith::SubFOp::create(b, x, newMax));
+    Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
-    maxCount = maxCount ? arith::AddFOp::create(b, maxCount, count) : count;
+    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
   }
+  Value maxCount = math::RoundEvenOp::create(
+      b, arith::SubFOp::create(b, allTerms, smallTerms));
   // When the maximum grew, one of its copies is the new implicit 1 and the
   // old implicit 1 joins the rescaled rest; both adjustments are exact.
   Value moved = arith::SelectOp::create(b, grew, one, zero);

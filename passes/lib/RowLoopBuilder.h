@@ -114,6 +114,8 @@ private:
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
   Value loadVector(const RowRef &row, Value index);
+  /// `vector<W x bf16>` widened to f32 by integer shifts and masks.
+  Value widenBF16Pairs(Value value);
   void storeVector(const RowRef &row, Value index, Value value);
   /// Where the vector steps of `row` start and end: at 0 on the host, at
   /// the first 16-byte boundary on GPUs (aligned vector accesses).
