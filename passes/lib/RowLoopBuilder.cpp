@@ -465,6 +465,55 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   return {newMax, newRest};
 }
 
+/// The main sweep's step: one maximum per thread (a scalar) and the rest as
+/// a vector of partial sums (`S = 1 + sum of its lanes`), so that the
+/// bookkeeping of a step (new maximum, rescale, the maxima's count) is done
+/// once per `unroll * width` elements instead of once per lane.
+static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
+                                            ImplicitLocOpBuilder &b, Value max,
+                                            Value rest, ArrayRef<Value> xs) {
+  auto type = cast<VectorType>(rest.getType());
+  Value tileMax = xs.front();
+  for (Value x : xs.drop_front())
+    tileMax = arith::MaximumFOp::create(b, tileMax, x);
+  Value newMax = arith::MaximumFOp::create(
+      b, max,
+      vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF, tileMax));
+  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  Value splatMax = vector::BroadcastOp::create(b, type, newMax);
+  Value zero = rows.f32(0.0f, type);
+  // As in stepState: the small terms without the maxima's copies, all terms
+  // with them; their difference rounds to the maxima's count.
+  Value smallTerms, allTerms;
+  for (Value x : xs) {
+    Value isMax =
+        arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, splatMax);
+    Value e = rows.buildExp(arith::SubFOp::create(b, x, splatMax));
+    Value term = arith::SelectOp::create(b, isMax, zero, e);
+    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
+                            : term;
+    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
+  }
+  Value maxCount = math::RoundEvenOp::create(
+      b, vector::ReductionOp::create(
+             b, vector::CombiningKind::ADD,
+             arith::SubFOp::create(b, allTerms, smallTerms)));
+  // rest' = (rest + moved) rescale + small + (count - moved), the scalar
+  // parts on lane 0; `moved` is the old implicit 1 when the maximum grew.
+  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
+  Value adjust = arith::AddFOp::create(
+      b, arith::MulFOp::create(b, moved, rescale),
+      arith::SubFOp::create(b, maxCount, moved));
+  Value newRest = math::FmaOp::create(
+      b, rest, vector::BroadcastOp::create(b, type, rescale), smallTerms);
+  Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
+  newRest = vector::InsertOp::create(
+      b, arith::AddFOp::create(b, lane0, adjust), newRest,
+      ArrayRef<int64_t>{0});
+  return {newMax, newRest};
+}
+
 std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
                                                       Value maxB,
                                                       Value restB) {
@@ -488,9 +537,14 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
-  // Main sweep: `unroll` vectors per step, one state per lane.
+  // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
+  // as partial sums per lane (-1 on lane 0: no implicit 1 yet).
   RowRange range = rangeOf(row, vocab);
-  SmallVector<Value> inits = {f32(kNoMax, vectorType), f32(-1.0f, vectorType)};
+  SmallVector<float> noRest(vectorWidth, 0.0f);
+  noRest[0] = -1.0f;
+  Value initialRest = arith::ConstantOp::create(
+      b, DenseElementsAttr::get(vectorType, ArrayRef<float>(noRest)));
+  SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
   SmallVector<Value> lanes = buildVectorLoops(
@@ -499,7 +553,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         SmallVector<Value, 8> xs;
         for (Value offset : offsets)
           xs.push_back(loadVector(row, offset));
-        auto [max, rest] = stepState(*this, b, state[0], state[1], xs);
+        auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs);
         SmallVector<Value> next = {max, rest};
         if (withSum) {
           Value tileSum = xs.front();
@@ -510,23 +564,10 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         return next;
       });
 
-  // Merge the lanes pairwise down to one.
+  // The lanes share the maximum: their partial sums simply add.
   Value max = lanes[0];
-  Value rest = lanes[1];
-  for (int64_t width = vectorWidth / 2; width >= 1; width /= 2) {
-    // A shuffle rather than extract_strided_slice: it maps to one LLVM
-    // shufflevector on every target.
-    auto half = [&](Value v, int64_t offset) -> Value {
-      SmallVector<int64_t> mask;
-      for (int64_t i = 0; i < width; ++i)
-        mask.push_back(offset + i);
-      return vector::ShuffleOp::create(b, v, v, mask);
-    };
-    std::tie(max, rest) = combineStates(half(max, 0), half(rest, 0),
-                                        half(max, width), half(rest, width));
-  }
-  max = vector::ExtractOp::create(b, max, ArrayRef<int64_t>{0});
-  rest = vector::ExtractOp::create(b, rest, ArrayRef<int64_t>{0});
+  Value rest =
+      vector::ReductionOp::create(b, vector::CombiningKind::ADD, lanes[1]);
   Value sum;
   if (withSum)
     sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,

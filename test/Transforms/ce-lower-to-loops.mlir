@@ -1,9 +1,9 @@
 // RUN: ce-opt %s --ce-lower-to-loops="vector-width=4 unroll=2" --canonicalize --cse --split-input-file | FileCheck %s
 
 // The forward: one loop over tokens; per token a guarded label gather, a
-// vectorized statistics sweep carrying (max, rest) per lane and stepping
-// 4 lanes x 2 vectors, single vectors after it, a scalar tail, and the
-// loss/lse stores.
+// vectorized statistics sweep carrying one maximum and a rest per lane,
+// stepping 4 lanes x 2 vectors, single vectors after it, a scalar tail, and
+// the loss/lse stores.
 
 // CHECK-LABEL: func @forward
 // CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %[[Y:[^:]*]]: memref<?xi64>, %[[L:[^:]*]]: memref<?xf32>, %[[E:[^:]*]]: memref<?xf32>, %[[ST:[^:]*]]: memref<1xi64>
@@ -14,16 +14,19 @@
 // CHECK:     memref.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>
 // CHECK:   scf.if %{{.*}} {
 // CHECK:     memref.store %{{.*}}, %[[ST]][%{{.*}}] : memref<1xi64>
-// CHECK:   %[[MAIN:.*]]:2 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[C8]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (vector<4xf32>, vector<4xf32>) {
+// CHECK:   %[[MAIN:.*]]:2 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[C8]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (f32, vector<4xf32>) {
 // CHECK:     vector.load %[[X]][%[[T]], %[[J]]] : memref<?x?xbf16>, vector<4xbf16>
 // CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
 // CHECK:     arith.maximumf %{{.*}} : vector<4xf32>
+// CHECK:     vector.reduction <maximumf>, %{{.*}} : vector<4xf32> into f32
 // CHECK:     math.exp2 %{{.*}} : vector<4xf32>
-// CHECK:     scf.yield %{{.*}}, %{{.*}} : vector<4xf32>, vector<4xf32>
-// Whole vectors after the last step, one at a time, on the same lane states.
-// CHECK:   %[[REM:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %[[MAIN]]#0, %{{.*}} = %[[MAIN]]#1) -> (vector<4xf32>, vector<4xf32>) {
+// CHECK:     math.roundeven
+// CHECK:     scf.yield %{{.*}}, %{{.*}} : f32, vector<4xf32>
+// Whole vectors after the last step, one at a time, on the same state.
+// CHECK:   %[[REM:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %[[MAIN]]#0, %{{.*}} = %[[MAIN]]#1) -> (f32, vector<4xf32>) {
 // CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
-// CHECK:   vector.shuffle %[[REM]]#0, %[[REM]]#0 [0, 1]
+// The lanes share the maximum: their partial sums add.
+// CHECK:   vector.reduction <add>, %[[REM]]#1 : vector<4xf32> into f32
 // CHECK:   %[[TAIL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (f32, f32) {
 // CHECK:     memref.load %[[X]]
 // CHECK:   arith.bitcast %{{.*}} : f32 to i32
@@ -40,7 +43,7 @@ func.func @forward(%x: memref<?x?xbf16>, %y: memref<?xi64>, %loss: memref<?xf32>
 // Smoothing adds a third lane accumulator (the row sum).
 
 // CHECK-LABEL: func @forward_smoothing
-// CHECK: scf.for {{.*}} -> (vector<4xf32>, vector<4xf32>, vector<4xf32>)
+// CHECK: scf.for {{.*}} -> (f32, vector<4xf32>, vector<4xf32>)
 // CHECK: vector.reduction <add>
 func.func @forward_smoothing(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
   ce.forward %x, %y into %loss, %lse layout = flat {label_smoothing = 0.1 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
@@ -118,7 +121,7 @@ func.func @backward_separate(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memre
 // CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %{{[^:]*}}: memref<?xi64>, %[[W:[^:]*]]: memref<f32>
 // CHECK: memref.load %[[W]][] : memref<f32>
 // CHECK: scf.for
-// CHECK:   scf.for {{.*}} -> (vector<4xf32>, vector<4xf32>)
+// CHECK:   scf.for {{.*}} -> (f32, vector<4xf32>)
 // CHECK:   memref.store
 // CHECK:   memref.store
 // CHECK:   scf.for
