@@ -417,6 +417,26 @@ Value RowLoopBuilder::allReduceSum(Value sum) {
   return sum;
 }
 
+/// The exponentials of `xs` at the maximum `max` (shaped like them), summed
+/// twice: without the maximum's copies (exp(0) = 1 exactly) and with them.
+/// Per element one select; the difference of the two sums (at most
+/// xs.size() apart, off by a few ulps) rounds to the maxima's count.
+static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
+                                        ImplicitLocOpBuilder &b,
+                                        ArrayRef<Value> xs, Value max) {
+  Value zero = rows.f32(0.0f, max.getType());
+  Value smallTerms, allTerms;
+  for (Value x : xs) {
+    Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
+    Value e = rows.buildExp(arith::SubFOp::create(b, x, max));
+    Value term = arith::SelectOp::create(b, isMax, zero, e);
+    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
+                            : term;
+    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
+  }
+  return {smallTerms, allTerms};
+}
+
 /// One online-softmax step of a state (max, rest) over the values `xs`
 /// (scalars or vectors of the state's shape): the new maximum rescales the
 /// old sum once. The maximum's own exp(0) = 1 becomes the implicit term:
@@ -439,19 +459,7 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   Type type = max.getType();
   Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  // Per element one select: the small terms leave out the maximum's copies
-  // (exp(0) = 1 exactly), all terms keep them, and the difference of the two
-  // sums (at most xs.size(), off by a few ulps) rounds to their count.
-  Value smallTerms, allTerms;
-  for (Value x : xs) {
-    Value isMax =
-        arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, newMax);
-    Value e = rows.buildExp(arith::SubFOp::create(b, x, newMax));
-    Value term = arith::SelectOp::create(b, isMax, zero, e);
-    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
-                            : term;
-    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
-  }
+  auto [smallTerms, allTerms] = sumTerms(rows, b, xs, newMax);
   Value maxCount = math::RoundEvenOp::create(
       b, arith::SubFOp::create(b, allTerms, smallTerms));
   // When the maximum grew, one of its copies is the new implicit 1 and the
@@ -481,20 +489,8 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
       vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF, tileMax));
   Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  Value splatMax = vector::BroadcastOp::create(b, type, newMax);
-  Value zero = rows.f32(0.0f, type);
-  // As in stepState: the small terms without the maxima's copies, all terms
-  // with them; their difference rounds to the maxima's count.
-  Value smallTerms, allTerms;
-  for (Value x : xs) {
-    Value isMax =
-        arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, splatMax);
-    Value e = rows.buildExp(arith::SubFOp::create(b, x, splatMax));
-    Value term = arith::SelectOp::create(b, isMax, zero, e);
-    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
-                            : term;
-    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
-  }
+  auto [smallTerms, allTerms] = sumTerms(
+      rows, b, xs, vector::BroadcastOp::create(b, type, newMax));
   Value maxCount = math::RoundEvenOp::create(
       b, vector::ReductionOp::create(
              b, vector::CombiningKind::ADD,
