@@ -32,27 +32,9 @@ import torch.distributed as dist  # noqa: E402
 
 import cegen  # noqa: E402
 from cegen import _kernels  # noqa: E402
+from _fresh_logits import MakeLogits as FreshLogits  # noqa: E402
 
 TIMEOUT = datetime.timedelta(seconds=120)
-
-
-class FreshLogits(torch.autograd.Function):
-    """Identity into a fresh buffer (exclusively owned, non-leaf logits) that records where
-    its output and its incoming gradient live."""
-
-    output_pointers: List[int] = []
-    grad_pointers: List[int] = []
-
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def]
-        out = x.detach().clone()
-        FreshLogits.output_pointers.append(out.data_ptr())
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        FreshLogits.grad_pointers.append(grad.data_ptr())
-        return grad
 
 
 def vocab_slice(full: torch.Tensor, rank: int, world: int) -> torch.Tensor:

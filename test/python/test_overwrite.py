@@ -12,29 +12,7 @@ import torch
 
 import cegen
 from cegen import _ownership
-
-
-class MakeLogits(torch.autograd.Function):
-    """Identity into a fresh buffer that records where its output and its gradient live."""
-
-    output_pointers: List[int] = []
-    grad_pointers: List[int] = []
-
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[no-untyped-def]
-        out = x.detach().clone()
-        MakeLogits.output_pointers.append(out.data_ptr())
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[no-untyped-def]
-        MakeLogits.grad_pointers.append(grad.data_ptr())
-        return grad
-
-
-def fresh_logits(x: torch.Tensor) -> torch.Tensor:
-    """Non-leaf logits that nothing else references once the caller drops them."""
-    return MakeLogits.apply(x)
+from _fresh_logits import MakeLogits, fresh_logits
 
 
 def refusals(caught) -> List[str]:  # type: ignore[no-untyped-def]

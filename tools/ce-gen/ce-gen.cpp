@@ -113,7 +113,7 @@ cl::opt<unsigned> rowsPerSM(
     cl::desc("At most this many rows in flight per SM/CU on GPUs, enforced "
              "by reserving shared memory at launch (default: the chip's "
              "per-op table; 0: no cap)"),
-    cl::init(~0u), cl::cat(category));
+    cl::init(0), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -436,7 +436,7 @@ int runGpuCodegen(MLIRContext &context,
       tuning.blockSize = blockSize;
     if (unroll)
       tuning.unroll = unroll;
-    if (rowsPerSM != ~0u)
+    if (rowsPerSM.getNumOccurrences())
       tuning.rowsPerSM = rowsPerSM;
     func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
