@@ -18,12 +18,14 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // docs/PERFORMANCE.md). sm_90, from the H200 sweeps: the statistics
   // kernels run a row per warp with 8 loads in flight per lane (no barrier,
   // no workgroup memory: 0.62 vs 0.70 ms at 8192x128256); the backward
-  // is memory-bound and best at 512 threads; the fused kernel at 256. gfx9
-  // is unmeasured (no device): 4 wave64 waves with unroll 2, since unroll 4
-  // reaches 128 VGPRs, the 4-waves-per-SIMD limit.
+  // is memory-bound and best at 512 threads; the fused kernel at 256 with
+  // a 64 KB row cache (three rows per SM keep their first 64 KB on chip
+  // between the two sweeps). gfx9 is unmeasured (no device): 4 wave64
+  // waves with unroll 2, since unroll 4 reaches 128 VGPRs, the
+  // 4-waves-per-SIMD limit, and no row cache.
   if (chip == "sm_90")
     return GpuTarget{chip.str(), false, 32, 228 * 1024,
-                     {32, 8}, {512, 4}, {256, 4}};
+                     {32, 8}, {512, 4}, {256, 4, 0, 64 * 1024}};
   if (chip == "gfx942" || chip == "gfx90a")
     return GpuTarget{chip.str(), true, 64, 64 * 1024,
                      {256, 2}, {256, 2}, {256, 2}};
@@ -40,6 +42,18 @@ unsigned GpuTarget::ldsBytesFor(unsigned rowsPerSM) const {
   // with the 1 KB the CUDA driver reserves per block (none on AMD).
   unsigned reserved = amd ? 0 : 1024;
   return sharedBytesPerSM / (rowsPerSM + 1) - reserved + 1;
+}
+
+unsigned GpuTarget::rowCacheBytesFor(const GpuTuning &tuning,
+                                     unsigned requested) {
+  unsigned chunk = 16 * tuning.unroll * tuning.blockSize;
+  return chunk ? requested / chunk * chunk : 0;
+}
+
+unsigned GpuTarget::maxSharedBytesPerWorkgroup() const {
+  // The CUDA driver keeps 1 KB of each SM's shared memory per block; the
+  // workgroup's own static slots (at most 384 bytes) come on top.
+  return sharedBytesPerSM - (amd ? 1024 : 2048);
 }
 
 GpuTuning GpuTarget::tuningFor(::ce::KernelOp op) const {

@@ -57,6 +57,7 @@ void mlir::ce::buildGpuMappingPipeline(OpPassManager &pm,
   mapOptions.blockSize = options.blockSize;
   mapOptions.subgroupSize = options.subgroupSize;
   mapOptions.unroll = options.unroll;
+  mapOptions.asyncCopy = options.asyncCopy;
   kernels.addPass(createCEMapToGPU(mapOptions));
   kernels.addPass(createLoopInvariantCodeMotionPass());
   kernels.addPass(createCanonicalizerPass());

@@ -11,6 +11,7 @@
 #include "mlir/Conversion/LLVMCommon/TypeConverter.h"
 #include "mlir/Conversion/MathToLLVM/MathToLLVM.h"
 #include "mlir/Conversion/MemRefToLLVM/MemRefToLLVM.h"
+#include "mlir/Conversion/NVGPUToNVVM/NVGPUToNVVM.h"
 #include "mlir/Conversion/VectorToLLVM/ConvertVectorToLLVM.h"
 #include "mlir/Dialect/AMDGPU/Utils/Chipset.h"
 #include "mlir/Dialect/Math/IR/Math.h"
@@ -83,16 +84,37 @@ struct CEConvertGPUToTargetPass
     if (amd)
       populateGpuToROCDLConversionPatterns(converter, patterns,
                                            gpu::amd::Runtime::HIP, *chip);
-    else
+    else {
       populateGpuToNVVMConversionPatterns(converter, patterns);
+      // Asynchronous copies (the row cache's cp.async) and their tokens.
+      converter.addConversion([&](nvgpu::DeviceAsyncTokenType type) -> Type {
+        return converter.convertType(IntegerType::get(type.getContext(), 32));
+      });
+      populateNVGPUToNVVMConversionPatterns(converter, patterns);
+    }
 
     LLVMConversionTarget conversionTarget(*context);
-    conversionTarget.addIllegalDialect<gpu::GPUDialect>();
+    conversionTarget.addIllegalDialect<gpu::GPUDialect, nvgpu::NVGPUDialect>();
     conversionTarget.addLegalOp<gpu::GPUModuleOp>();
     conversionTarget.addLegalDialect<NVVM::NVVMDialect, ROCDL::ROCDLDialect>();
     if (failed(applyPartialConversion(module, conversionTarget,
                                       std::move(patterns))))
-      signalPassFailure();
+      return signalPassFailure();
+
+    // gpu.dynamic_shared_memory becomes an internal zero-sized array, which
+    // NVPTX emits as a one-byte static `.shared` variable that may overlap
+    // the static slots. The memory provided at launch is an external
+    // zero-sized array (`.extern .shared ... []`, AMDGPU's dynamic LDS).
+    module.walk([](LLVM::GlobalOp global) {
+      auto array = dyn_cast<LLVM::LLVMArrayType>(global.getGlobalType());
+      if (global.getAddrSpace() != llvmAddressSpace(
+                                       gpu::AddressSpace::Workgroup, false) ||
+          !array || array.getNumElements() != 0)
+        return;
+      global.setLinkage(LLVM::Linkage::External);
+      global.removeValueAttr();
+      global.setUnnamedAddr(std::nullopt);
+    });
   }
 };
 

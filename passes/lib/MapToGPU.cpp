@@ -10,6 +10,7 @@
 #include "ce/Transforms/Passes.h"
 
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "llvm/ADT/TypeSwitch.h"
 
 namespace mlir::ce {
@@ -64,6 +65,28 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     return success();
   }
 
+  /// The fused kernel's row cache: `ce.row_cache_bytes` (if any) of
+  /// dynamic workgroup memory viewed as the logits' element type. The launch
+  /// provides those bytes (the manifest's `lds_bytes`).
+  static Value buildRowCache(ImplicitLocOpBuilder &b, gpu::GPUFuncOp kernel,
+                             Value logits) {
+    unsigned bytes = tuning(kernel, "ce.row_cache_bytes", 0);
+    Type element = cast<MemRefType>(logits.getType()).getElementType();
+    int64_t elements = bytes / (element.getIntOrFloatBitWidth() / 8);
+    if (elements == 0)
+      return {};
+    auto workgroupSpace = gpu::AddressSpaceAttr::get(
+        b.getContext(), gpu::AddressSpace::Workgroup);
+    auto raw = gpu::DynamicSharedMemoryOp::create(
+        b, MemRefType::get({ShapedType::kDynamic}, b.getI8Type(),
+                           MemRefLayoutAttrInterface(), workgroupSpace));
+    return memref::ViewOp::create(
+        b,
+        MemRefType::get({elements}, element, MemRefLayoutAttrInterface(),
+                        workgroupSpace),
+        raw, arith::ConstantIndexOp::create(b, 0), ValueRange{});
+  }
+
   LogicalResult mapToWorkgroup(Operation *op) {
     auto kernel = op->getParentOfType<gpu::GPUFuncOp>();
     if (!kernel || !kernel.isKernel())
@@ -96,6 +119,9 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     threads.numThreads = blockSize;
     threads.subgroupSize = subgroupSize;
     threads.scratch = scratch;
+    if (isa<FusedOp>(op))
+      threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
+    threads.asyncCopy = asyncCopy;
     Value blockId = gpu::BlockIdOp::create(b, gpu::Dimension::x);
 
     auto lower = [&](auto ceOp) {

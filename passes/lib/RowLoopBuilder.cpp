@@ -6,6 +6,7 @@
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
@@ -161,18 +162,122 @@ void RowLoopBuilder::storeElement(const RowRef &row, Value index,
   memref::StoreOp::create(b, value, row.memref, indices);
 }
 
-Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
+Value RowLoopBuilder::loadRawVector(const RowRef &row, Value index) {
   SmallVector<Value, 3> indices = indicesOf(row, index);
   Type elementType = cast<MemRefType>(row.memref.getType()).getElementType();
   auto loadType = VectorType::get({vectorWidth}, elementType);
-  Value value = vector::LoadOp::create(b, loadType, row.memref, indices,
-                                       /*nontemporal=*/false, alignment());
+  return vector::LoadOp::create(b, loadType, row.memref, indices,
+                                /*nontemporal=*/false, alignment());
+}
+
+Value RowLoopBuilder::widen(Value raw) {
+  Type elementType = cast<VectorType>(raw.getType()).getElementType();
   if (elementType.isBF16() && threads.enabled() && vectorWidth % 2 == 0)
-    return widenBF16Pairs(value);
+    return widenBF16Pairs(raw);
   if (!elementType.isF32())
-    value = arith::ExtFOp::create(
-        b, VectorType::get({vectorWidth}, b.getF32Type()), value);
-  return value;
+    raw = arith::ExtFOp::create(
+        b, VectorType::get({vectorWidth}, b.getF32Type()), raw);
+  return raw;
+}
+
+Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
+  return widen(loadRawVector(row, index));
+}
+
+/// Builds `scf.if` yielding `types`: `thenBody` or `elseBody` gives them.
+static SmallVector<Value>
+buildIfYield(ImplicitLocOpBuilder &b, Value condition, TypeRange types,
+             function_ref<SmallVector<Value>()> thenBody,
+             function_ref<SmallVector<Value>()> elseBody) {
+  auto ifOp = scf::IfOp::create(b, types, condition, /*withElseRegion=*/true);
+  OpBuilder::InsertionGuard guard(b);
+  auto fill = [&](Block *block, function_ref<SmallVector<Value>()> body) {
+    if (types.empty()) {
+      b.setInsertionPoint(block->getTerminator());
+      body();
+      return;
+    }
+    b.setInsertionPointToEnd(block);
+    scf::YieldOp::create(b, body());
+  };
+  fill(ifOp.thenBlock(), thenBody);
+  fill(ifOp.elseBlock(), elseBody);
+  return SmallVector<Value>(ifOp.getResults().begin(), ifOp.getResults().end());
+}
+
+RowLoopBuilder::CacheSplit
+RowLoopBuilder::cacheSplitOf(const RowRange &range) {
+  if (!threads.rowCache)
+    return {};
+  int64_t capacity =
+      cast<MemRefType>(threads.rowCache.getType()).getNumElements();
+  int64_t chunks = capacity / chunkSize() * chunkSize();
+  if (chunks == 0)
+    return {};
+  Value chunksEnd = arith::MinUIOp::create(
+      b, range.mainEnd, arith::AddIOp::create(b, range.head, index(chunks)));
+  Value remainder = arith::CmpIOp::create(
+      b, arith::CmpIPredicate::ule,
+      arith::SubIOp::create(b, range.vectorEnd, range.head), index(capacity));
+  return {chunksEnd, remainder};
+}
+
+SmallVector<Value> RowLoopBuilder::buildSplitRemainder(
+    const RowRange &range, const CacheSplit &split, ValueRange state,
+    StepBody cached, StepBody uncached) {
+  auto side = [&](StepBody body) {
+    return [&, body]() -> SmallVector<Value> {
+      if (!body)
+        return SmallVector<Value>(state.begin(), state.end());
+      return buildRemainder(range, state, body);
+    };
+  };
+  return buildIfYield(b, split.remainder, state.getTypes(), side(cached),
+                      side(uncached));
+}
+
+void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
+                                      const CacheSplit &split) {
+  auto copy = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange) {
+    for (auto [k, offset] : llvm::enumerate(offsets)) {
+      if (valid.empty())
+        copyToCache(row, range, offset);
+      else
+        buildIf(b, valid[k], [&] { copyToCache(row, range, offset); });
+    }
+    return SmallVector<Value>();
+  };
+  buildChunkLoop(range.head, split.chunksEnd, {}, copy, false);
+  buildSplitRemainder(range, split, {}, copy, {});
+}
+
+Value RowLoopBuilder::cacheSlot(const RowRange &range, Value index) {
+  return arith::SubIOp::create(b, index, range.head);
+}
+
+Value RowLoopBuilder::loadCachedVector(const RowRange &range, Value index) {
+  Type elementType =
+      cast<MemRefType>(threads.rowCache.getType()).getElementType();
+  return vector::LoadOp::create(b, VectorType::get({vectorWidth}, elementType),
+                                threads.rowCache,
+                                ValueRange{cacheSlot(range, index)},
+                                /*nontemporal=*/false, alignment());
+}
+
+void RowLoopBuilder::copyToCache(const RowRef &row, const RowRange &range,
+                                 Value index) {
+  nvgpu::DeviceAsyncCopyOp::create(
+      b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), threads.rowCache,
+      ValueRange{cacheSlot(range, index)}, row.memref,
+      indicesOf(row, index), b.getIndexAttr(vectorWidth),
+      /*srcElements=*/Value(), /*bypassL1=*/b.getUnitAttr());
+}
+
+void RowLoopBuilder::storeCachedVector(const RowRange &range, Value index,
+                                       Value raw) {
+  vector::StoreOp::create(b, raw, threads.rowCache,
+                          ValueRange{cacheSlot(range, index)},
+                          /*nontemporal=*/false, alignment());
 }
 
 Value RowLoopBuilder::widenBF16Pairs(Value value) {
@@ -252,56 +357,98 @@ int64_t RowLoopBuilder::chunkSize() const {
   return static_cast<int64_t>(vectorWidth) * unroll * threads.numThreads;
 }
 
-SmallVector<Value> RowLoopBuilder::buildVectorLoops(
-    const RowRange &range, ValueRange inits,
-    function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body,
-    bool lastFirst) {
+/// The offsets of a thread's `unroll` vectors in the step at `first`.
+static SmallVector<Value, 8> stepOffsets(RowLoopBuilder &rows,
+                                         ImplicitLocOpBuilder &b, Value first,
+                                         unsigned unroll, int64_t stride) {
+  SmallVector<Value, 8> offsets = {first};
+  for (unsigned k = 1; k < unroll; ++k)
+    offsets.push_back(arith::AddIOp::create(b, first, rows.index(k * stride)));
+  return offsets;
+}
+
+SmallVector<Value> RowLoopBuilder::buildChunkLoop(Value begin, Value end,
+                                                  ValueRange inits,
+                                                  StepBody body,
+                                                  bool lastFirst) {
   // Thread t's k-th vector of a chunk starts at (k * threads + t) * width:
   // consecutive threads read consecutive 16-byte vectors, so every load
   // instruction of a warp covers one contiguous span.
   int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
-  Value threadOffset = index(0);
+  Value first = begin;
   if (threads.enabled())
-    threadOffset = arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
+    first = arith::AddIOp::create(
+        b, begin, arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
   auto chunkBody = [&](Value j, ValueRange state) {
-    SmallVector<Value, 8> offsets = {j};
-    for (unsigned k = 1; k < unroll; ++k)
-      offsets.push_back(arith::AddIOp::create(b, j, index(k * threadStride)));
-    return body(offsets, state);
+    return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
   };
-  // Whole vectors left after the last chunk, one per thread and step.
-  auto buildRemainder = [&](ValueRange state) {
-    return buildForLoop(
-        b, arith::AddIOp::create(b, range.mainEnd, threadOffset),
-        range.vectorEnd, index(threadStride), state,
-        [&](Value j, ValueRange state) { return body({j}, state); });
-  };
+  scf::ForOp loop;
   if (!lastFirst) {
-    scf::ForOp main = buildForLoop(
-        b, arith::AddIOp::create(b, range.head, threadOffset), range.mainEnd,
-        index(chunkSize()), inits, chunkBody);
-    scf::ForOp remainder = buildRemainder(main.getResults());
-    return SmallVector<Value>(remainder.getResults().begin(),
-                              remainder.getResults().end());
+    loop = buildForLoop(b, first, end, index(chunkSize()), inits, chunkBody);
+  } else {
+    Value numChunks = arith::DivUIOp::create(
+        b, arith::SubIOp::create(b, end, begin), index(chunkSize()));
+    Value lastChunk = arith::AddIOp::create(
+        b, first,
+        arith::MulIOp::create(b, arith::SubIOp::create(b, numChunks, index(1)),
+                              index(chunkSize())));
+    loop = buildForLoop(
+        b, index(0), numChunks, index(1), inits,
+        [&](Value i, ValueRange state) {
+          Value j = arith::SubIOp::create(
+              b, lastChunk, arith::MulIOp::create(b, i, index(chunkSize())));
+          return chunkBody(j, state);
+        });
   }
-  // The end of the row first: the remainder, then the chunks last to first.
-  scf::ForOp remainder = buildRemainder(inits);
-  Value numChunks = arith::DivUIOp::create(
-      b, arith::SubIOp::create(b, range.mainEnd, range.head),
-      index(chunkSize()));
-  Value lastChunk = arith::AddIOp::create(
-      b, arith::AddIOp::create(b, range.head, threadOffset),
-      arith::MulIOp::create(
-          b, arith::SubIOp::create(b, numChunks, index(1)),
-          index(chunkSize())));
-  scf::ForOp main = buildForLoop(
-      b, index(0), numChunks, index(1), remainder.getResults(),
-      [&](Value i, ValueRange state) {
-        Value j = arith::SubIOp::create(
-            b, lastChunk, arith::MulIOp::create(b, i, index(chunkSize())));
-        return chunkBody(j, state);
-      });
-  return SmallVector<Value>(main.getResults().begin(), main.getResults().end());
+  return SmallVector<Value>(loop.getResults().begin(), loop.getResults().end());
+}
+
+SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
+                                                  ValueRange state,
+                                                  StepBody body) {
+  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
+  if (!threads.enabled()) {
+    scf::ForOp loop = buildForLoop(
+        b, range.mainEnd, range.vectorEnd, index(threadStride), state,
+        [&](Value j, ValueRange state) { return body({j}, {}, state); });
+    return SmallVector<Value>(loop.getResults().begin(),
+                              loop.getResults().end());
+  }
+  // Fewer than a chunk's vectors are left: at most `unroll` per thread, all
+  // loaded at once rather than one round trip each.
+  Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                    range.mainEnd, range.vectorEnd);
+  return buildIfYield(
+      b, any, state.getTypes(),
+      [&] {
+        Value first = arith::AddIOp::create(
+            b, range.mainEnd,
+            arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
+        Value lastVector =
+            arith::SubIOp::create(b, range.vectorEnd, index(vectorWidth));
+        SmallVector<Value, 8> offsets, valid;
+        for (Value offset :
+             stepOffsets(*this, b, first, unroll, threadStride)) {
+          valid.push_back(arith::CmpIOp::create(
+              b, arith::CmpIPredicate::ult, offset, range.vectorEnd));
+          offsets.push_back(arith::MinUIOp::create(b, offset, lastVector));
+        }
+        return body(offsets, valid, state);
+      },
+      [&] { return SmallVector<Value>(state.begin(), state.end()); });
+}
+
+SmallVector<Value> RowLoopBuilder::buildVectorLoops(const RowRange &range,
+                                                    ValueRange inits,
+                                                    StepBody body,
+                                                    bool lastFirst) {
+  if (!lastFirst || !threads.enabled()) {
+    SmallVector<Value> state =
+        buildChunkLoop(range.head, range.mainEnd, inits, body, false);
+    return buildRemainder(range, state, body);
+  }
+  SmallVector<Value> state = buildRemainder(range, inits, body);
+  return buildChunkLoop(range.head, range.mainEnd, state, body, true);
 }
 
 scf::ForOp RowLoopBuilder::buildTailLoop(
@@ -543,22 +690,77 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
-  SmallVector<Value> lanes = buildVectorLoops(
-      range, inits,
-      [&](ArrayRef<Value> offsets, ValueRange state) -> SmallVector<Value> {
-        SmallVector<Value, 8> xs;
-        for (Value offset : offsets)
-          xs.push_back(loadVector(row, offset));
-        auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs);
-        SmallVector<Value> next = {max, rest};
-        if (withSum) {
-          Value tileSum = xs.front();
-          for (Value x : ArrayRef<Value>(xs).drop_front())
-            tileSum = arith::AddFOp::create(b, tileSum, x);
-          next.push_back(arith::AddFOp::create(b, state[2], tileSum));
-        }
-        return next;
-      });
+  // Where a step's vectors come from: global memory, global memory with a
+  // copy kept in the row cache, or the row cache.
+  enum class Source { Global, GlobalToCache, Cache };
+  auto step = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                  ValueRange state, Source source) -> SmallVector<Value> {
+    SmallVector<Value, 8> raws, xs, sumXs;
+    for (Value offset : offsets)
+      raws.push_back(source == Source::Cache
+                         ? loadCachedVector(range, offset)
+                         : loadRawVector(row, offset));
+    for (auto [k, raw] : llvm::enumerate(raws)) {
+      if (source == Source::GlobalToCache) {
+        auto store = [&] { storeCachedVector(range, offsets[k], raw); };
+        if (valid.empty())
+          store();
+        else
+          buildIf(b, valid[k], store);
+      }
+      Value x = widen(raw);
+      sumXs.push_back(x);
+      if (!valid.empty()) {
+        // A vector past the row: -inf adds nothing to (max, rest), 0
+        // nothing to the sum.
+        x = arith::SelectOp::create(b, valid[k], x, f32(-kInf, vectorType));
+        sumXs.back() = arith::SelectOp::create(b, valid[k], sumXs.back(),
+                                               f32(0.0f, vectorType));
+      }
+      xs.push_back(x);
+    }
+    auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs);
+    SmallVector<Value> next = {max, rest};
+    if (withSum) {
+      Value tileSum = sumXs.front();
+      for (Value x : ArrayRef<Value>(sumXs).drop_front())
+        tileSum = arith::AddFOp::create(b, tileSum, x);
+      next.push_back(arith::AddFOp::create(b, state[2], tileSum));
+    }
+    return next;
+  };
+  auto stepFrom = [&](Source source) {
+    return [&step, source](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                           ValueRange state) {
+      return step(offsets, valid, state, source);
+    };
+  };
+  auto fromGlobal = stepFrom(Source::Global);
+  auto toCache = stepFrom(Source::GlobalToCache);
+  auto fromCache = stepFrom(Source::Cache);
+  CacheSplit split = cacheSplitOf(range);
+  SmallVector<Value> lanes;
+  if (!split) {
+    lanes = buildVectorLoops(range, inits, fromGlobal);
+  } else if (threads.asyncCopy) {
+    // Every cached vector is requested up front; the rest of the row is
+    // swept while the copies land, then the cached part.
+    buildCacheCopies(row, range, split);
+    Value copies = nvgpu::DeviceAsyncCreateGroupOp::create(
+        b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
+    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, inits, fromGlobal,
+                           false);
+    lanes = buildSplitRemainder(range, split, lanes, {}, fromGlobal);
+    nvgpu::DeviceAsyncWaitOp::create(b, copies, IntegerAttr());
+    lanes = buildChunkLoop(range.head, split.chunksEnd, lanes, fromCache,
+                           false);
+    lanes = buildSplitRemainder(range, split, lanes, fromCache, {});
+  } else {
+    lanes = buildChunkLoop(range.head, split.chunksEnd, inits, toCache, false);
+    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,
+                           false);
+    lanes = buildSplitRemainder(range, split, lanes, toCache, fromGlobal);
+  }
 
   // The lanes share the maximum: their partial sums simply add.
   Value max = lanes[0];
@@ -600,7 +802,8 @@ Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
 
 void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                                         Value vocab, Value lse, Value scale,
-                                        Value c, Value u, bool lastFirst) {
+                                        Value c, Value u,
+                                        bool afterStatistics) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
@@ -620,18 +823,45 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     return {};
   };
   auto sweep = [&](const RowRange &range) {
-    buildVectorLoops(
-        range, {},
-        [&](ArrayRef<Value> offsets, ValueRange) -> SmallVector<Value> {
-          // Load the whole step first so the loads are in flight together.
-          SmallVector<Value, 8> xs;
-          for (Value offset : offsets)
-            xs.push_back(loadVector(row, offset));
-          for (auto [offset, x] : llvm::zip_equal(offsets, xs))
-            storeVector(grad, offset, gradient(x, vectorType));
-          return {};
-        },
-        lastFirst && threads.enabled());
+    // Load the whole step first so the loads are in flight together.
+    auto step = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                    bool fromCache) {
+      SmallVector<Value, 8> xs;
+      for (Value offset : offsets)
+        xs.push_back(widen(fromCache ? loadCachedVector(range, offset)
+                                     : loadRawVector(row, offset)));
+      for (auto [k, x] : llvm::enumerate(xs)) {
+        auto store = [&] {
+          storeVector(grad, offsets[k], gradient(x, vectorType));
+        };
+        if (valid.empty())
+          store();
+        else
+          buildIf(b, valid[k], store);
+      }
+    };
+    auto fromGlobal = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                          ValueRange) {
+      step(offsets, valid, /*fromCache=*/false);
+      return SmallVector<Value>();
+    };
+    auto fromCache = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                         ValueRange) {
+      step(offsets, valid, /*fromCache=*/true);
+      return SmallVector<Value>();
+    };
+    bool lastFirst = afterStatistics && threads.enabled();
+    CacheSplit split = lastFirst ? cacheSplitOf(range) : CacheSplit();
+    if (!split) {
+      buildVectorLoops(range, {}, fromGlobal, lastFirst);
+    } else {
+      // The row's end first (the bytes likeliest in L2), the cached part
+      // last.
+      buildSplitRemainder(range, split, {}, fromCache, fromGlobal);
+      buildChunkLoop(split.chunksEnd, range.mainEnd, {}, fromGlobal,
+                     /*lastFirst=*/true);
+      buildChunkLoop(range.head, split.chunksEnd, {}, fromCache, false);
+    }
     buildScalarLoops(range, vocab, {}, scalarStep);
   };
   RowRange range = rangeOf(row, vocab);
@@ -656,9 +886,15 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
   RowRange range = rangeOf(grad, vocab);
   buildVectorLoops(
       range, {},
-      [&](ArrayRef<Value> offsets, ValueRange) -> SmallVector<Value> {
-        for (Value offset : offsets)
-          storeVector(grad, offset, splat);
+      [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+          ValueRange) -> SmallVector<Value> {
+        for (auto [k, offset] : llvm::enumerate(offsets)) {
+          auto store = [&] { storeVector(grad, offset, splat); };
+          if (valid.empty())
+            store();
+          else
+            buildIf(b, valid[k], store);
+        }
         return {};
       });
   buildScalarLoops(range, vocab, {},

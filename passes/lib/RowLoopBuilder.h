@@ -52,6 +52,14 @@ struct RowThreads {
   /// f32 workgroup memory, at least 3 * numSubgroups() elements, used to
   /// combine per-subgroup results.
   Value scratch;
+  /// Workgroup memory of the logits' element type (`memref<C x T>`) that
+  /// keeps the first whole chunks of a row: the statistics sweep fills it
+  /// and a gradient sweep right after it (`afterStatistics`) reads them back
+  /// instead of reading the row again from global memory. Null: no cache.
+  Value rowCache;
+  /// Fill the row cache by asynchronous copies (NVIDIA cp.async), issued
+  /// before the rest of the row is swept.
+  bool asyncCopy = false;
 
   bool enabled() const { return static_cast<bool>(threadId); }
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
@@ -82,12 +90,14 @@ public:
 
   /// Writes `grad[j] = scale * (exp(x_j - lse) * c - u)` for every j of the
   /// row, reading `x` from `row` and writing into `grad` (may be the same
-  /// buffer: each element is read before it is written). `lastFirst` walks
-  /// a GPU row's chunks from its end: right after a statistics sweep of the
-  /// same row, the most recently read bytes are the likeliest still in L2.
+  /// buffer: each element is read before it is written).
+  /// `afterStatistics`: the statistics sweep of this row just ran in this
+  /// workgroup, so a GPU sweep reads the cached chunks from the row cache
+  /// and walks the others from the row's end (the most recently read bytes
+  /// are the likeliest still in L2).
   void buildGradientSweep(const RowRef &row, const RowRef &grad, Value vocab,
                           Value lse, Value scale, Value c, Value u,
-                          bool lastFirst = false);
+                          bool afterStatistics = false);
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
@@ -113,9 +123,46 @@ private:
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
+  /// One step of a sweep: the element offsets of its vectors; for the
+  /// masked last step of a GPU row, whether each offset is in the row
+  /// (empty: all are); the loop state. Returns the next state.
+  using StepBody = function_ref<SmallVector<Value>(
+      ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange state)>;
+
   Value loadVector(const RowRef &row, Value index);
+  /// The vector at `index` in the row's element type, not widened.
+  Value loadRawVector(const RowRef &row, Value index);
+  /// A raw vector widened to f32.
+  Value widen(Value raw);
   /// `vector<W x bf16>` widened to f32 by integer shifts and masks.
   Value widenBF16Pairs(Value value);
+  /// The row cache slot of the vector at row offset `index`.
+  Value cacheSlot(const RowRange &range, Value index);
+  /// The row cache's copy of the vector at row offset `index`.
+  Value loadCachedVector(const RowRange &range, Value index);
+  void storeCachedVector(const RowRange &range, Value index, Value raw);
+  /// Starts an asynchronous copy of the vector at `index` into its slot of
+  /// the row cache.
+  void copyToCache(const RowRef &row, const RowRange &range, Value index);
+  /// What of a row the row cache holds: the chunks in [head, chunksEnd)
+  /// and, when `remainder` (i1) holds, also the vectors in
+  /// [mainEnd, vectorEnd) (then chunksEnd = mainEnd). Null without a cache.
+  struct CacheSplit {
+    Value chunksEnd;
+    Value remainder;
+    explicit operator bool() const { return static_cast<bool>(chunksEnd); }
+  };
+  CacheSplit cacheSplitOf(const RowRange &range);
+  /// Asynchronous copies of the row's cached vectors into the row cache.
+  void buildCacheCopies(const RowRef &row, const RowRange &range,
+                        const CacheSplit &split);
+  /// The vectors left after the chunks: `cached` when the split's
+  /// remainder is in the cache, else `uncached` (either may be null: that
+  /// case passes `state` through).
+  SmallVector<Value> buildSplitRemainder(const RowRange &range,
+                                         const CacheSplit &split,
+                                         ValueRange state, StepBody cached,
+                                         StepBody uncached);
   void storeVector(const RowRef &row, Value index, Value value);
   /// Where the vector steps of `row` start and end: at 0 on the host, at
   /// the first 16-byte boundary on GPUs (aligned vector accesses).
@@ -125,12 +172,20 @@ private:
   /// times `unroll` vectors.
   int64_t chunkSize() const;
   /// Builds this thread's share of the vector part of a sweep: chunks of
-  /// `unroll` vectors, then single vectors. `body` gets the element offsets
-  /// of the vectors of one step and the loop state, and returns the next.
-  SmallVector<Value> buildVectorLoops(
-      const RowRange &range, ValueRange inits,
-      function_ref<SmallVector<Value>(ArrayRef<Value>, ValueRange)> body,
-      bool lastFirst = false);
+  /// `unroll` vectors, then the vectors left. `lastFirst` (GPUs): the
+  /// vectors left, then the chunks from last to first.
+  SmallVector<Value> buildVectorLoops(const RowRange &range, ValueRange inits,
+                                      StepBody body, bool lastFirst = false);
+  /// The chunks of [begin, end) (whole chunks from the row's head), from
+  /// last to first with `lastFirst`.
+  SmallVector<Value> buildChunkLoop(Value begin, Value end, ValueRange inits,
+                                    StepBody body, bool lastFirst);
+  /// The vectors in [mainEnd, vectorEnd): on GPUs one masked step (at most
+  /// `unroll` vectors per thread, loads issued together; offsets past the
+  /// row are clamped to its last vector and reported invalid), on the host
+  /// a loop of single vectors.
+  SmallVector<Value> buildRemainder(const RowRange &range, ValueRange state,
+                                    StepBody body);
   /// Builds this thread's share of scalar elements in [begin, end).
   scf::ForOp buildTailLoop(
       Value begin, Value end, ValueRange inits,

@@ -22,8 +22,6 @@ using namespace ce::cuda;
 namespace {
 
 constexpr const char *kLibraryName = "libcuda.so.1";
-/// Dynamic shared memory a kernel gets without opting in.
-constexpr int64_t kDefaultSharedBytes = 48 * 1024;
 
 } // namespace
 
@@ -139,7 +137,10 @@ public:
       return Status::bundleError(
           "kernel symbol '" + symbol +
           "' not found in the CUDA module: " + errorText(result));
-    if (ldsBytes > kDefaultSharedBytes)
+    // Static and dynamic shared memory together may not pass 48 KB unless
+    // the function opts in; the kernel's static slots come on top of
+    // `ldsBytes`, so any dynamic amount opts in.
+    if (ldsBytes > 0)
       if (Status status =
               check(api.cuFuncSetAttribute(
                         found, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -33,6 +33,7 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <set>
 
 using namespace mlir;
@@ -114,6 +115,19 @@ cl::opt<unsigned> rowsPerSM(
              "by reserving shared memory at launch (default: the chip's "
              "per-op table; 0: no cap)"),
     cl::init(0), cl::cat(category));
+cl::opt<unsigned> rowCache(
+    "row-cache",
+    cl::desc("Bytes of workgroup memory per fused GPU kernel that keep the "
+             "first chunks of a row between its statistics and gradient "
+             "sweeps, rounded down to whole chunks (default: the chip's "
+             "per-op table; 0: none)"),
+    cl::init(0), cl::cat(category));
+cl::opt<bool> asyncCopy(
+    "async-copy",
+    cl::desc("Fill fused kernels' row caches by asynchronous copies "
+             "(default: on for NVIDIA targets, which are the only ones that "
+             "have them)"),
+    cl::init(true), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -423,6 +437,7 @@ int runGpuCodegen(MLIRContext &context,
   options.target = target.amd ? "rocdl" : "nvvm";
   options.chipset = target.chip;
   options.subgroupSize = target.subgroupSize;
+  options.asyncCopy = asyncCopy && !target.amd;
   std::vector<KernelInfo> kernels;
   for (auto [i, key] : llvm::enumerate(keys)) {
     std::string name =
@@ -438,15 +453,30 @@ int runGpuCodegen(MLIRContext &context,
       tuning.unroll = unroll;
     if (rowsPerSM.getNumOccurrences())
       tuning.rowsPerSM = rowsPerSM;
+    if (rowCache.getNumOccurrences())
+      tuning.rowCacheBytes = rowCache;
+    unsigned cacheBytes = key.op == ::ce::KernelOp::Fused
+                              ? GpuTarget::rowCacheBytesFor(
+                                    tuning, tuning.rowCacheBytes)
+                              : 0;
+    if (cacheBytes > target.maxSharedBytesPerWorkgroup()) {
+      llvm::errs() << "ce-gen: --row-cache=" << cacheBytes
+                   << " exceeds the workgroup memory of " << target.chip
+                   << " (" << target.maxSharedBytesPerWorkgroup()
+                   << " bytes)\n";
+      return 2;
+    }
     func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
+    if (cacheBytes)
+      func->setAttr("ce.row_cache_bytes", builder.getI64IntegerAttr(cacheBytes));
     FailureOr<KernelInfo> info = describeKernel(func);
     if (failed(info))
       return 2;
     info->symbol = name;
     info->abi = "memref-descriptor-fields";
     info->blockSize = tuning.blockSize;
-    info->ldsBytes = target.ldsBytesFor(tuning.rowsPerSM);
+    info->ldsBytes = std::max(cacheBytes, target.ldsBytesFor(tuning.rowsPerSM));
     kernels.push_back(std::move(*info));
   }
   if (failed(verify(*module)))

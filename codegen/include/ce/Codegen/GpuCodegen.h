@@ -23,6 +23,10 @@ struct GpuTuning {
   /// At most this many workgroups (rows) in flight per SM/CU, enforced by
   /// reserving dynamic shared memory at launch; 0: no cap.
   unsigned rowsPerSM = 0;
+  /// Fused kernels: bytes of workgroup memory that keep a row's first
+  /// chunks between its two sweeps (a multiple of the chunk, 16 x unroll x
+  /// blockSize bytes; see rowCacheBytesFor); 0: none.
+  unsigned rowCacheBytes = 0;
 };
 
 /// A GPU chip ce-gen can emit code objects for, with its per-chip, per-op
@@ -43,6 +47,11 @@ struct GpuTarget {
   /// Dynamic shared memory that lets at most `rowsPerSM` workgroups share
   /// an SM (0 for no cap).
   unsigned ldsBytesFor(unsigned rowsPerSM) const;
+  /// `requested` row-cache bytes rounded down to whole chunks of `tuning`.
+  static unsigned rowCacheBytesFor(const GpuTuning &tuning,
+                                   unsigned requested);
+  /// The most dynamic shared memory one workgroup may use.
+  unsigned maxSharedBytesPerWorkgroup() const;
   std::string triple() const;
   /// The code object's file name in a bundle.
   std::string objectFile() const;

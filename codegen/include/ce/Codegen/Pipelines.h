@@ -37,6 +37,10 @@ struct GpuPipelineOptions : public PassPipelineOptions<GpuPipelineOptions> {
   PassOptions::Option<unsigned> unroll{
       *this, "unroll", llvm::cl::desc("16-byte vectors per thread and step"),
       llvm::cl::init(2)};
+  PassOptions::Option<bool> asyncCopy{
+      *this, "async-copy",
+      llvm::cl::desc("Fill row caches by asynchronous copies (nvvm)"),
+      llvm::cl::init(false)};
 };
 
 /// ce ops in gpu.func kernels -> workgroup-mapped loops (`--emit=gpu`).

@@ -95,7 +95,21 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     A kernel may carry its own tuning, which wins over the pass options:
     integer attributes `ce.block_size` and `ce.unroll` on the `gpu.func`
     (ce-gen sets them from the per-chip, per-op table of
-    docs/gpu-mapping.md).
+    docs/gpu-mapping.md). A fused kernel may also carry
+    `ce.row_cache_bytes`: that much dynamic workgroup memory
+    (`gpu.dynamic_shared_memory`, provided at launch) keeps the first whole
+    chunks of the row, stored by the statistics sweep and read back by the
+    gradient sweep, so only the rest of the row is read from global memory
+    twice. Each thread reads back only the vectors it stored itself. With
+    `async-copy`, the statistics sweep first issues the cached chunks as
+    asynchronous copies into that memory (all in flight at once, no
+    registers held), sweeps the rest of the row from global memory, waits
+    for its copies, and then sweeps the cached chunks from workgroup memory.
+
+    The last, partial chunk of a row's vector part is one masked step: each
+    thread loads its (at most `unroll`) vectors at once, offsets past the
+    row clamped to its last vector and their values left out (stores
+    skipped), instead of a loop of one round trip per vector.
 
     Indices are 64-bit (`index` lowered with 64-bit width), so rows of
     N * V > 2^31 elements are addressed correctly.
@@ -116,7 +130,8 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
   let dependentDialects = [
     "::mlir::arith::ArithDialect", "::mlir::gpu::GPUDialect",
     "::mlir::math::MathDialect", "::mlir::memref::MemRefDialect",
-    "::mlir::scf::SCFDialect", "::mlir::vector::VectorDialect"
+    "::mlir::nvgpu::NVGPUDialect", "::mlir::scf::SCFDialect",
+    "::mlir::vector::VectorDialect"
   ];
   let options = [
     Option<"blockSize", "block-size", "unsigned", "256",
@@ -124,7 +139,11 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     Option<"subgroupSize", "subgroup-size", "unsigned", "32",
            "Threads per warp (32, NVIDIA) or wave (64, AMD gfx9)">,
     Option<"unroll", "unroll", "unsigned", "2",
-           "16-byte vectors loaded per thread and step">
+           "16-byte vectors loaded per thread and step">,
+    Option<"asyncCopy", "async-copy", "bool", "false",
+           "Fill the row cache by asynchronous global-to-workgroup copies "
+           "(nvgpu.device_async_copy, NVIDIA sm_80+), all issued before the "
+           "rest of the row is swept">
   ];
 }
 
