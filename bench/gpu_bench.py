@@ -38,6 +38,14 @@ during one call minus what was allocated before it (inputs excluded, outputs inc
 config each, e.g. ``ce-gen --block-size=512 --unroll=4``) at ``--sweep-shapes``, picks the
 fastest config per kernel, and adds it to the full table as config ``best``.
 
+``--peers DIR`` adds the peers of issue #7, imported unmodified from upstream sources under DIR
+(never committed; ``.dev/peers/SOURCES.md``): flash-attention's Triton ``cross_entropy_loss``
+(reduction none; ``inplace_backward`` False and True) and Liger-Kernel's
+``LigerCrossEntropyFunction`` (reduction none and mean), timed as the torch baselines on the same
+inputs (bench/peers.py says how each is called), with their losses and gradients checked
+(reported, not failures) and a column ``vs flash_ce`` on our rows: flash_ce's time / ours (fwd;
+fwd+bwd for the fwd+bwd and fused rows). A peer that cannot be imported is reported, not run.
+
 ``--device cpu`` runs the same program on host bundles (``ce-gen --target=host``) with a
 wall clock: a check of the harness where no GPU is reachable, not a benchmark.
 """
@@ -537,14 +545,22 @@ def fmt_gb(value: Optional[int]) -> str:
     return "-" if value is None else f"{value / 1e9:.2f}"
 
 
-def row_line(r: Dict[str, Any]) -> str:
+def row_line(r: Dict[str, Any], flash: bool = False) -> str:
+    """``flash``: with the ``vs flash_ce`` column (runs with --peers)."""
     return (f"| {r['shape']} | {r['impl']} | {r['variant']} | {r['config']} | {r['ms']:.3f} | "
             f"{r['TBps']:.2f} | {r['pct_floor']:.0f} | {fmt_gb(r.get('extra_bytes'))} | "
-            f"{fmt_ratio(r.get('vs_eager'))} | {fmt_ratio(r.get('vs_compile'))} |")
+            f"{fmt_ratio(r.get('vs_eager'))} | {fmt_ratio(r.get('vs_compile'))} |"
+            + (f" {fmt_ratio(r.get('vs_flash_ce'))} |" if flash else ""))
 
 
 TABLE_HEAD = ("| shape N×V | impl | variant | config | ms | TB/s | % of floor | extra GB | vs eager | "
               "vs compile |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+TABLE_HEAD_FLASH = ("| shape N×V | impl | variant | config | ms | TB/s | % of floor | extra GB | vs eager | "
+                    "vs compile | vs flash_ce |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def table_head(flash: bool) -> str:
+    return TABLE_HEAD_FLASH if flash else TABLE_HEAD
 
 
 def sweep_markdown(sweep: Dict[str, Any], shapes: Sequence[str]) -> str:
@@ -583,8 +599,22 @@ def write_outputs(out: Optional[Path], results: Dict[str, Any]) -> None:
         md += ["## Sweep (ms, % of floor; bold: the config chosen per kernel, least sum over shapes "
                "of time / best time)", "",
                sweep_markdown(results["sweep"], list(results["sweep"]["results"])), ""]
+    flash = "peers" in results
+    if results.get("peers"):
+        md += ["## Peers (--peers " + str(results["meta"].get("peers_dir")) + ")", "",
+               "| peer | status | module file | git blob | note |", "|---|---|---|---|---|"]
+        for peer, entry in results["peers"].items():
+            md.append(f"| {peer} | {'imported' if entry.get('ok') else 'UNAVAILABLE: ' + entry.get('why', '')} | "
+                      f"{entry.get('file', '-')} | {entry.get('blob', '-')} | {entry.get('note', '')} |")
+        md.append("")
+        if results.get("peer_checks"):
+            md += ["Peer checks (reported, not failures): loss max abs diff from the fp32 torch loss "
+                   "(reduction mean: of the mean), gradient max relative error on the sampled rows "
+                   "against float64", ""]
+            md += [f"- {name}: {entry}" for name, entry in results["peer_checks"].items()]
+            md.append("")
     if results.get("rows"):
-        md += ["## Full table", "", TABLE_HEAD] + [row_line(r) for r in results["rows"]] + [""]
+        md += ["## Full table", "", table_head(flash)] + [row_line(r, flash) for r in results["rows"]] + [""]
     if results.get("host_overhead"):
         md += ["## Host cost per call (us)", ""] + [f"- {k}: {v}" for k, v in results["host_overhead"].items()]
     (out / "gpu_bench.md").write_text("\n".join(md) + "\n")
@@ -644,6 +674,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: host bundles and a wall clock, to check the harness")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--peers", default=None, metavar="DIR",
+                        help="also time flash-attention's and Liger-Kernel's Triton cross entropy, "
+                             "imported from upstream sources under DIR (e.g. .dev/peers); "
+                             "default: none")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(Path(args.package).resolve()))
@@ -676,6 +710,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                             "ignore_index": ignore_index, "cegen_package": cegen.__file__,
                             "sleep_cycles": SLEEP_CYCLES, "flush_bytes": FLUSH_BYTES})
     log(f"gpu_bench: {json.dumps(results['meta'], default=str)}")
+
+    # -- peers (issue #7): imported here so that their status is in the output from the start
+    peers: Any = None
+    peer_modules: Dict[str, Any] = {}
+    if args.peers is not None:
+        peers = import_peers()
+        results["meta"]["peers_dir"] = args.peers
+        started = time.perf_counter()
+        peer_modules, results["peers"] = peers.load(torch, args.peers, dev.cuda)
+        results["peer_checks"] = {}
+        results["meta"]["peers_import_s"] = round(time.perf_counter() - started, 1)
+        for peer, entry in results["peers"].items():
+            log(peers.status_line(peer, entry))
+            if dev.cuda and not entry.get("ok"):
+                results["failures"].append(f"peer {peer}: {entry.get('why')}")
 
     # -- ceilings
     copy_bytes = COPY_BYTES if dev.cuda else 64 << 20
@@ -779,7 +828,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         floors = {k: floor_ms(k * shape_bytes) for k in (1, 2, 3)}
         log(f"\n{sname}: logits {prob.bytes / 1e9:.2f} GB; floors 1/2/3 passes "
             f"{floors[1]:.3f}/{floors[2]:.3f}/{floors[3]:.3f} ms [{elapsed_s():.0f} s]")
-        baseline: Dict[str, Dict[str, float]] = {"eager": {}, "compile": {}}
+        baseline: Dict[str, Dict[str, float]] = {"eager": {}, "compile": {}, "flash_ce": {}}
 
         def add_row(impl: str, variant: str, config: str, timing: Dict[str, Any], passes: int,
                     extra: Optional[int], vs: Optional[str] = None) -> None:
@@ -792,8 +841,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for which in ("eager", "compile"):
                     base = baseline[which].get(vs)
                     row[f"vs_{which}"] = None if base is None else base / timing["ms"]
+                if args.peers is not None and impl == "cegen":
+                    base = baseline["flash_ce"].get(vs)
+                    row["vs_flash_ce"] = None if base is None else base / timing["ms"]
             results["rows"].append(row)
-            log(row_line(row))
+            log(row_line(row, args.peers is not None))
 
         # torch baselines first: they leave the logits untouched
         if not args.no_torch:
@@ -827,6 +879,27 @@ def main(argv: Optional[List[str]] = None) -> int:
                     log(f"{impl} {sname}: FAILED\n{traceback.format_exc()}")
                 if dev.cuda:
                     torch.cuda.empty_cache()
+
+        # peers next (each leaves the logits pristine), so that our rows can be compared with them
+        for peer, module in peer_modules.items():
+            try:
+                runner = peers.make(torch, peer, module, prob, ignore_index)
+                check = runner.check(checker)
+                results["peer_checks"][f"{sname} {peer}"] = check
+                log(f"  {peer} check: {peers.check_line(check)}")
+                for variant, config, passes, vs, step, setup in runner.cases():
+                    prob.restore()
+                    timing = time_step(dev, step, setup, args.reps)
+                    extra = dev.peak_extra(step, setup)
+                    if peer == peers.FLASH:
+                        baseline["flash_ce"][variant] = timing["ms"]
+                    add_row(peer, variant, config, timing, passes, extra, vs)
+            except Exception as error:
+                results["failures"].append(f"{peer} {sname}: {type(error).__name__}: {error}")
+                log(f"{peer} {sname}: FAILED\n{traceback.format_exc()}")
+            prob.restore()
+            if dev.cuda:
+                torch.cuda.empty_cache()
 
         for cname, kset in configs.items():
             try:
@@ -876,14 +949,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     log(f"{results['meta'].get('device', args.device)}; copy {c['copy_Bps'] / 1e12:.2f} TB/s"
         + (f" (end {results['ceilings_end']['copy_Bps'] / 1e12:.2f})" if "ceilings_end" in results else "")
         + f"; read {c['read_Bps'] / 1e12:.2f} TB/s; floors = bytes / copy BW; "
-          f"ratios = torch time / ours; ours via C API (ctypes)")
+          f"ratios = torch time / ours; ours via C API (ctypes)"
+        + ("; vs flash_ce = flash_ce time / ours" if args.peers is not None else ""))
     if results["sweep"].get("best"):
         log(f"best per kernel: {results['sweep']['best']}")
-    log(TABLE_HEAD)
+    for peer, entry in results.get("peers", {}).items():
+        log(peers.status_line(peer, entry))
+    for name, check in results.get("peer_checks", {}).items():
+        log(f"peer check {name}: {peers.check_line(check)}")
+    log(table_head(args.peers is not None))
     for row in results["rows"]:
         if row["impl"] == "cegen" and row["variant"] in ("fwd", "bwd_ow", "fwd+bwd_ow", "fused_ow") \
                 or row["impl"] != "cegen" and row["variant"] != "bwd":
-            log(row_line(row))
+            log(row_line(row, args.peers is not None))
     log("(all rows, bwd/fwd+bwd/fused without overwrite too: gpu_bench.md / gpu_bench.json)")
     if results["host_overhead"]:
         log("host us/call: " + "; ".join(f"{k}: {v}" for k, v in results["host_overhead"].items()))
@@ -891,6 +969,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         log(f"FAILURE: {failure}")
     log(f"done in {elapsed_s():.0f} s; {len(results['failures'])} failure(s)")
     return 1 if results["failures"] else 0
+
+
+def import_peers() -> Any:
+    """bench/peers.py, also when this file is imported from elsewhere."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import peers
+
+    return peers
 
 
 def checker_failures(results: Dict[str, Any]) -> List[str]:
