@@ -7,6 +7,16 @@
 using namespace mlir;
 using namespace mlir::ce;
 
+/// The manifest's `launch` object of `kernel` (zeros on the host).
+static llvm::json::Object launchOf(const KernelInfo &kernel) {
+  llvm::json::Object launch{{"block_size", kernel.blockSize},
+                            {"rows_per_block", kernel.blockSize ? 1 : 0},
+                            {"lds_bytes", kernel.ldsBytes}};
+  if (kernel.minVocab)
+    launch["min_vocab"] = kernel.minVocab;
+  return launch;
+}
+
 void mlir::ce::writeManifest(llvm::raw_ostream &os,
                              ArrayRef<BundleObject> objects) {
   llvm::json::Array objectList;
@@ -27,10 +37,7 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
           {"symbol", kernel.symbol},
           {"abi", kernel.abi},
           {"args", std::move(args)},
-          {"launch", llvm::json::Object{{"block_size", kernel.blockSize},
-                                        {"rows_per_block",
-                                         kernel.blockSize ? 1 : 0},
-                                        {"lds_bytes", kernel.ldsBytes}}}});
+          {"launch", launchOf(kernel)}});
     }
   }
   llvm::json::Object manifest{{"format", "cegen-bundle"},

@@ -23,9 +23,15 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // between the two sweeps). gfx9 is unmeasured (no device): 4 wave64
   // waves with unroll 2, since unroll 4 reaches 128 VGPRs, the
   // 4-waves-per-SIMD limit, and no row cache.
-  if (chip == "sm_90")
-    return GpuTarget{chip.str(), false, 32, 228 * 1024,
+  if (chip == "sm_90") {
+    GpuTarget target{chip.str(), false, 32, 228 * 1024,
                      {32, 8}, {512, 4}, {256, 4, 0, 64 * 1024}};
+    // Rows of more than 128 KB: one workgroup of 1024 threads per SM whose
+    // 192 KB cache holds most of the row, the rest re-read from L2.
+    target.fusedLongRows = {1024, 4, 0, 192 * 1024};
+    target.longRowBytes = 128 * 1024;
+    return target;
+  }
   if (chip == "gfx942" || chip == "gfx90a")
     return GpuTarget{chip.str(), true, 64, 64 * 1024,
                      {256, 2}, {256, 2}, {256, 2}};

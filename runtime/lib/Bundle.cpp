@@ -8,6 +8,7 @@
 
 #include "ce/runtime/Bundle.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -108,7 +109,13 @@ Status Bundle::open(const std::string &directory,
   bundle->entries.assign(manifest.kernels.size(), nullptr);
   for (size_t i = 0; i < manifest.kernels.size(); ++i) {
     const KernelInfo &kernel = manifest.kernels[i];
-    bundle->index[{kernel.target, kernel.key}] = i;
+    // The manifest reader allows one kernel per minimum.
+    std::vector<size_t> &candidates = bundle->index[{kernel.target, kernel.key}];
+    candidates.push_back(i);
+    std::sort(candidates.begin(), candidates.end(), [&](size_t a, size_t b) {
+      return manifest.kernels[a].launch.minVocab >
+             manifest.kernels[b].launch.minVocab;
+    });
     if (kernel.target != kHostTarget)
       continue;
     void *handle = hostHandles.at(kernel.object);
@@ -130,11 +137,15 @@ Bundle::~Bundle() {
 }
 
 const KernelInfo *Bundle::findKernel(std::string_view target,
-                                     std::string_view key) const {
+                                     std::string_view key,
+                                     int64_t vocab) const {
   auto found = index.find({std::string(target), std::string(key)});
   if (found == index.end())
     return nullptr;
-  return &bundleManifest.kernels[found->second];
+  for (size_t i : found->second)
+    if (bundleManifest.kernels[i].launch.minVocab <= vocab)
+      return &bundleManifest.kernels[i];
+  return nullptr;
 }
 
 std::string Bundle::objectPath(const std::string &file) const {

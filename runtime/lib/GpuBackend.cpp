@@ -122,7 +122,8 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
   if (Status status = driver.enter(plan.deviceIndex, scope); !status.isOk())
     return status;
 
-  KernelCacheKey cacheKey{bundle.id(), info.key, plan.device, plan.deviceIndex,
+  KernelCacheKey cacheKey{bundle.id(), info.key + '\n' + info.symbol,
+                          plan.device, plan.deviceIndex,
                           scope.context()};
   LoadedKernel kernel;
   if (Status status = KernelCache::global().getOrLoad(

@@ -126,7 +126,8 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
       !status.isOk())
     return status;
 
-  const KernelInfo *info = bundle.findKernel(target, plan.variant.str());
+  const KernelInfo *info =
+      bundle.findKernel(target, plan.variant.str(), plan.vocabSize);
   if (!info)
     return variantNotFoundError(bundle, target, plan, description);
   if (plan.device != CE_DEVICE_HOST) {
@@ -136,7 +137,8 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
   }
 
   LoadedKernel kernel;
-  KernelCacheKey cacheKey{bundle.id(), info->key, plan.device, plan.deviceIndex,
+  KernelCacheKey cacheKey{bundle.id(), info->key + '\n' + info->symbol,
+                          plan.device, plan.deviceIndex,
                           0};
   if (Status status = KernelCache::global().getOrLoad(
           cacheKey,

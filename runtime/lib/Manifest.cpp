@@ -9,8 +9,10 @@
 #include "ce/runtime/Manifest.h"
 #include "ce/runtime/Json.h"
 
+#include <limits>
 #include <algorithm>
 #include <set>
+#include <tuple>
 #include <utility>
 
 namespace ce {
@@ -256,7 +258,7 @@ Status ManifestReader::read(Manifest &manifest) {
           require(root, "", "kernels", json::Value::Kind::Array, kernels);
       !status.isOk())
     return status;
-  std::set<std::pair<std::string, std::string>> seen;
+  std::set<std::tuple<std::string, std::string, int64_t>> seen;
   for (size_t i = 0; i < kernels->getArray().size(); ++i) {
     const json::Value &value = kernels->getArray()[i];
     KernelInfo kernel;
@@ -264,9 +266,13 @@ Status ManifestReader::read(Manifest &manifest) {
                                    manifest, kernel);
         !status.isOk())
       return status;
-    if (!seen.insert({kernel.target, kernel.key}).second)
+    // One kernel per target, key and minimum row length.
+    if (!seen.insert({kernel.target, kernel.key, kernel.launch.minVocab})
+             .second)
       return errorAt(value, "kernel \"" + kernel.key + "\" for target \"" +
-                                kernel.target + "\" listed twice");
+                                kernel.target + "\" with min_vocab " +
+                                std::to_string(kernel.launch.minVocab) +
+                                " listed twice");
     manifest.kernels.push_back(std::move(kernel));
   }
   return Status::ok();
@@ -456,6 +462,12 @@ Status ManifestReader::readLaunch(const json::Value &kernelValue,
         std::pair{"lds_bytes", &kernel.launch.ldsBytes}})
     if (Status status =
             requireInteger(*launch, launchWhere, key, 0, maxValue, *out);
+        !status.isOk())
+      return status;
+  if (launch->get("min_vocab"))
+    if (Status status = requireInteger(*launch, launchWhere, "min_vocab", 0,
+                                       std::numeric_limits<int64_t>::max(),
+                                       kernel.launch.minVocab);
         !status.isOk())
       return status;
   if (isCudaTarget(kernel.target) || isHipTarget(kernel.target)) {

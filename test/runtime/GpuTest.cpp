@@ -80,6 +80,7 @@ int paramCount(const KernelVariantKey &key) {
 struct GpuKernelSpec {
   KernelVariantKey key;
   std::string symbol;
+  int64_t minVocab = 0; ///< launch.min_vocab, written when not 0
 };
 
 /// A bundle directory for GPU targets: one fake code object per target whose
@@ -89,7 +90,7 @@ public:
   GpuBundle(const std::vector<std::string> &targets,
             const std::vector<GpuKernelSpec> &kernels, int64_t blockSize = 256,
             int64_t rowsPerBlock = 1, int64_t ldsBytes = 0,
-            const std::string &objectText = "") {
+            const std::string &objectText = "", bool mustOpen = true) {
     std::string objects, entries;
     for (const std::string &target : targets) {
       bool cuda = target.rfind("sm_", 0) == 0;
@@ -117,14 +118,19 @@ public:
                    std::to_string(blockSize) +
                    ", \"rows_per_block\": " + std::to_string(rowsPerBlock) +
                    ", \"lds_bytes\": " + std::to_string(ldsBytes) +
+                   (kernel.minVocab ? ", \"min_vocab\": " +
+                                          std::to_string(kernel.minVocab)
+                                    : std::string()) +
                    "}, \"args\": [" + args + "]}";
       }
     }
     dir.write("manifest.json",
               "{\"format\": \"cegen-bundle\", \"version\": 1, \"objects\": [" +
                   objects + "], \"kernels\": [" + entries + "]}");
-    EXPECT_EQ(ce_bundle_open(dir.path().c_str(), &bundle), CE_OK)
-        << ce_last_error_message();
+    ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
+    if (mustOpen) {
+      EXPECT_EQ(status, CE_OK) << ce_last_error_message();
+    }
   }
   ~GpuBundle() { ce_bundle_close(bundle); }
   ce_bundle *get() const { return bundle; }
@@ -368,6 +374,36 @@ TEST_P(GpuTest, GridCoversTokensByRowsPerBlock) {
   ASSERT_EQ(p.forward(bundle.get(), nullptr), CE_OK);
   EXPECT_EQ(state().grid[0], 3u); // ceil(9 / 4)
   EXPECT_EQ(state().block[0], 64u);
+}
+
+TEST_P(GpuTest, LongRowsTakeTheKernelWithTheLargestMinimumTheyReach) {
+  GpuBundle bundle({target()},
+                   {{forwardKey(), "ce_forward_long_rows", 8},
+                    {forwardKey(), "ce_forward_0"},
+                    {forwardKey(), "ce_forward_longer_rows", 100}});
+  for (auto [vocab, symbol] :
+       {std::pair{int64_t(7), "ce_forward_0"},
+        std::pair{int64_t(8), "ce_forward_long_rows"},
+        std::pair{int64_t(99), "ce_forward_long_rows"},
+        std::pair{int64_t(100), "ce_forward_longer_rows"}}) {
+    GpuProblem p(device(), 0, 3, vocab);
+    ASSERT_EQ(p.forward(bundle.get(), nullptr), CE_OK)
+        << ce_last_error_message();
+    EXPECT_STREQ(state().symbol, symbol) << "V = " << vocab;
+  }
+}
+
+TEST_P(GpuTest, TwoKernelsForOneKeyAndMinimumAreRejected) {
+  {
+    GpuBundle bundle({target()},
+                     {{forwardKey(), "ce_forward_0", 8},
+                      {forwardKey(), "ce_forward_1", 8}},
+                     256, 1, 0, "", /*mustOpen=*/false);
+    EXPECT_EQ(bundle.get(), nullptr);
+  }
+  EXPECT_NE(std::string(ce_last_error_message()).find("min_vocab 8"),
+            std::string::npos)
+      << ce_last_error_message();
 }
 
 TEST_P(GpuTest, LoadAndSymbolErrors) {

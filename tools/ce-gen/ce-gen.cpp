@@ -423,6 +423,11 @@ int runHostCodegen(ModuleOp module, std::vector<KernelInfo> kernels,
   return 0;
 }
 
+/// Bytes per logit of `type`.
+unsigned elementBytes(::ce::ElemType type) {
+  return type == ::ce::ElemType::F32 ? 4 : 2;
+}
+
 /// Builds, lowers and emits the kernels of `keys` for one GPU chip.
 int runGpuCodegen(MLIRContext &context,
                   ArrayRef<::ce::KernelVariantKey> keys,
@@ -438,15 +443,11 @@ int runGpuCodegen(MLIRContext &context,
   options.chipset = target.chip;
   options.subgroupSize = target.subgroupSize;
   options.asyncCopy = asyncCopy && !target.amd;
-  std::vector<KernelInfo> kernels;
-  for (auto [i, key] : llvm::enumerate(keys)) {
-    std::string name =
-        ("ce_" + llvm::Twine(::ce::stringify(key.op)) + "_" + llvm::Twine(i))
-            .str();
-    gpu::GPUFuncOp func = buildGpuKernel(kernelModule, name, key);
-    // --block-size/--unroll set every kernel's; else the chip's per-op
-    // default. The mapping pass reads them from these attributes.
-    GpuTuning tuning = target.tuningFor(key.op);
+  // --block-size/--unroll/--row-cache set every kernel's; else the chip's
+  // per-op default. The mapping pass reads them from the kernel's
+  // attributes.
+  bool overridden = blockSize || unroll || rowCache.getNumOccurrences();
+  auto tuningOf = [&](GpuTuning tuning) {
     if (blockSize)
       tuning.blockSize = blockSize;
     if (unroll)
@@ -455,6 +456,12 @@ int runGpuCodegen(MLIRContext &context,
       tuning.rowsPerSM = rowsPerSM;
     if (rowCache.getNumOccurrences())
       tuning.rowCacheBytes = rowCache;
+    return tuning;
+  };
+  std::vector<KernelInfo> kernels;
+  auto emit = [&](const ::ce::KernelVariantKey &key, const std::string &name,
+                  const GpuTuning &tuning, int64_t minVocab) -> LogicalResult {
+    gpu::GPUFuncOp func = buildGpuKernel(kernelModule, name, key);
     unsigned cacheBytes = key.op == ::ce::KernelOp::Fused
                               ? GpuTarget::rowCacheBytesFor(
                                     tuning, tuning.rowCacheBytes)
@@ -464,7 +471,7 @@ int runGpuCodegen(MLIRContext &context,
                    << " exceeds the workgroup memory of " << target.chip
                    << " (" << target.maxSharedBytesPerWorkgroup()
                    << " bytes)\n";
-      return 2;
+      return failure();
     }
     func->setAttr("ce.block_size", builder.getI64IntegerAttr(tuning.blockSize));
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
@@ -472,12 +479,27 @@ int runGpuCodegen(MLIRContext &context,
       func->setAttr("ce.row_cache_bytes", builder.getI64IntegerAttr(cacheBytes));
     FailureOr<KernelInfo> info = describeKernel(func);
     if (failed(info))
-      return 2;
+      return failure();
     info->symbol = name;
     info->abi = "memref-descriptor-fields";
     info->blockSize = tuning.blockSize;
     info->ldsBytes = std::max(cacheBytes, target.ldsBytesFor(tuning.rowsPerSM));
+    info->minVocab = minVocab;
     kernels.push_back(std::move(*info));
+    return success();
+  };
+  for (auto [i, key] : llvm::enumerate(keys)) {
+    std::string name =
+        ("ce_" + llvm::Twine(::ce::stringify(key.op)) + "_" + llvm::Twine(i))
+            .str();
+    if (failed(emit(key, name, tuningOf(target.tuningFor(key.op)), 0)))
+      return 2;
+    // Rows past the chip's long-row threshold get a kernel of their own
+    // (the table's; not when the command line sets the tuning).
+    if (key.op == ::ce::KernelOp::Fused && target.longRowBytes && !overridden &&
+        failed(emit(key, name + "_long_rows", target.fusedLongRows,
+                    target.longRowBytes / elementBytes(key.logits) + 1)))
+      return 2;
   }
   if (failed(verify(*module)))
     return 1;

@@ -39,6 +39,10 @@ struct GpuTarget {
   GpuTuning statistics;  ///< forward and shard_stats: one sweep, no writes
   GpuTuning gradient;    ///< backward: read and write
   GpuTuning fused;       ///< fused: two sweeps of a row
+  /// Fused kernels for rows of more than `longRowBytes` (0: none): another
+  /// kernel per variant, which the runtime picks by the row's length.
+  GpuTuning fusedLongRows = {};
+  unsigned longRowBytes = 0;
 
   /// The target named `chip`, or nothing for an unknown chip.
   static std::optional<GpuTarget> lookup(StringRef chip);

@@ -39,6 +39,9 @@ struct KernelInfo {
   unsigned blockSize = 0;
   /// Dynamic shared memory to reserve at launch (caps blocks per SM).
   unsigned ldsBytes = 0;
+  /// The kernel serves rows of at least this many elements
+  /// (`launch.min_vocab`; 0: any).
+  int64_t minVocab = 0;
 };
 
 /// Adds `func.func @name` computing `key` to `module` (host kernels).

@@ -46,9 +46,10 @@ public:
     return bundleManifest.kernels;
   }
 
-  /// The kernel for `target` with variant key `key`, or null.
-  const KernelInfo *findKernel(std::string_view target,
-                               std::string_view key) const;
+  /// The kernel for `target` with variant key `key` that serves rows of
+  /// `vocab` elements (the largest `launch.min_vocab` <= vocab), or null.
+  const KernelInfo *findKernel(std::string_view target, std::string_view key,
+                               int64_t vocab) const;
 
   /// The resolved entry point of a host kernel of this bundle, or null for
   /// kernels of other targets.
@@ -63,8 +64,9 @@ private:
   uint64_t bundleId = 0;
   std::string bundleDirectory;
   Manifest bundleManifest;
-  /// (target, key) -> index into the manifest's kernels.
-  std::map<std::pair<std::string, std::string>, size_t> index;
+  /// (target, key) -> indices into the manifest's kernels, by decreasing
+  /// `launch.min_vocab`.
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> index;
   /// dlopen handles, one per host object.
   std::vector<void *> handles;
   /// Host entry points, parallel to the manifest's kernels.

@@ -29,7 +29,7 @@ namespace ce {
 /// What identifies one loaded kernel.
 struct KernelCacheKey {
   uint64_t bundleId = 0;
-  std::string variantKey;
+  std::string variantKey; ///< The variant key, a newline and the symbol.
   ce_device_type device = CE_DEVICE_HOST;
   int32_t deviceIndex = 0;
   /// The CUDA context the kernel is loaded in; 0 for host and HIP kernels.

@@ -62,6 +62,10 @@ struct LaunchShape {
   int64_t blockSize = 0;
   int64_t rowsPerBlock = 0;
   int64_t ldsBytes = 0;
+  /// The kernel serves rows of at least this many elements; a bundle may
+  /// hold one kernel per (target, key) and minimum, and a launch takes the
+  /// one with the largest minimum at most its vocabulary size.
+  int64_t minVocab = 0;
 };
 
 /// One entry of `objects`.
