@@ -25,11 +25,14 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // 4-waves-per-SIMD limit, and no row cache.
   if (chip == "sm_90") {
     GpuTarget target{chip.str(), false, 32, 228 * 1024,
-                     {32, 8}, {512, 4}, {256, 4, 0, 64 * 1024}};
-    // Rows of more than 128 KB: one workgroup of 1024 threads per SM whose
-    // 192 KB cache holds most of the row, the rest re-read from L2.
-    target.fusedLongRows = {1024, 4, 0, 192 * 1024};
-    target.longRowBytes = 128 * 1024;
+                     {32, 8}, {512, 4}, {256, 4, 0, 48 * 1024}};
+    // Fused: rows up to 64 KB in four workgroups per SM with 48 KB caches;
+    // up to 128 KB in three with 64 KB; longer rows in one workgroup of
+    // 1024 threads per SM whose 192 KB cache holds most of the row, the
+    // rest re-read from L2.
+    target.fusedLongerRows = {{64 * 1024, {256, 4, 0, 64 * 1024}, "_rows64k"},
+                              {128 * 1024, {1024, 4, 0, 192 * 1024},
+                               "_rows128k"}};
     return target;
   }
   if (chip == "gfx942" || chip == "gfx90a")

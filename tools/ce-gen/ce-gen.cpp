@@ -494,12 +494,14 @@ int runGpuCodegen(MLIRContext &context,
             .str();
     if (failed(emit(key, name, tuningOf(target.tuningFor(key.op)), 0)))
       return 2;
-    // Rows past the chip's long-row threshold get a kernel of their own
-    // (the table's; not when the command line sets the tuning).
-    if (key.op == ::ce::KernelOp::Fused && target.longRowBytes && !overridden &&
-        failed(emit(key, name + "_long_rows", target.fusedLongRows,
-                    target.longRowBytes / elementBytes(key.logits) + 1)))
-      return 2;
+    // Longer rows get kernels of their own (the table's; not when the
+    // command line sets the tuning).
+    if (key.op != ::ce::KernelOp::Fused || overridden)
+      continue;
+    for (const GpuTarget::LongerRows &rows : target.fusedLongerRows)
+      if (failed(emit(key, name + rows.suffix, rows.tuning,
+                      rows.minRowBytes / elementBytes(key.logits) + 1)))
+        return 2;
   }
   if (failed(verify(*module)))
     return 1;

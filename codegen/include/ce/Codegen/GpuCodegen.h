@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace mlir::ce {
 
@@ -39,10 +40,15 @@ struct GpuTarget {
   GpuTuning statistics;  ///< forward and shard_stats: one sweep, no writes
   GpuTuning gradient;    ///< backward: read and write
   GpuTuning fused;       ///< fused: two sweeps of a row
-  /// Fused kernels for rows of more than `longRowBytes` (0: none): another
-  /// kernel per variant, which the runtime picks by the row's length.
-  GpuTuning fusedLongRows = {};
-  unsigned longRowBytes = 0;
+  /// Further fused kernels per variant, each for rows of more than
+  /// `minRowBytes` (increasing), which the runtime picks by the row's
+  /// length; `fused` serves the rows shorter than the first.
+  struct LongerRows {
+    unsigned minRowBytes;
+    GpuTuning tuning;
+    const char *suffix; ///< of the kernel's symbol
+  };
+  std::vector<LongerRows> fusedLongerRows;
 
   /// The target named `chip`, or nothing for an unknown chip.
   static std::optional<GpuTarget> lookup(StringRef chip);
