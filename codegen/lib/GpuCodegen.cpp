@@ -16,8 +16,9 @@ using namespace mlir::ce;
 std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // The tuning table (docs/gpu-mapping.md, measured in
   // docs/PERFORMANCE.md). sm_90, from the H200 sweeps: the statistics
-  // kernels run a row per warp with 8 loads in flight per lane (no barrier,
-  // no workgroup memory: 0.62 vs 0.70 ms at 8192x128256); the backward
+  // kernels run a row per warp with 8 loads in flight per lane (no barrier:
+  // 0.62 vs 0.70 ms at 8192x128256), the next chunk streamed into shared
+  // memory while one is reduced (1-2 % more); the backward
   // is memory-bound and best at 512 threads; the fused kernel at 256 with
   // a 64 KB row cache (three rows per SM keep their first 64 KB on chip
   // between the two sweeps). gfx9 is unmeasured (no device): 4 wave64
@@ -25,7 +26,7 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // 4-waves-per-SIMD limit, and no row cache.
   if (chip == "sm_90") {
     GpuTarget target{chip.str(), false, 32, 228 * 1024,
-                     {32, 8}, {512, 4}, {256, 4, 0, 48 * 1024}};
+                     {32, 8, 0, 0, true}, {512, 4}, {256, 4, 0, 48 * 1024}};
     // Fused: rows up to 64 KB in four workgroups per SM with 48 KB caches;
     // up to 128 KB in three with 64 KB; longer rows in one workgroup of
     // 1024 threads per SM whose 192 KB cache holds most of the row, the

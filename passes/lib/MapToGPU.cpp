@@ -75,6 +75,13 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     int64_t elements = bytes / (element.getIntOrFloatBitWidth() / 8);
     if (elements == 0)
       return {};
+    return buildWorkgroupBuffer(b, logits, elements);
+  }
+
+  /// `elements` of the logits' element type in dynamic workgroup memory.
+  static Value buildWorkgroupBuffer(ImplicitLocOpBuilder &b, Value logits,
+                                    int64_t elements) {
+    Type element = cast<MemRefType>(logits.getType()).getElementType();
     auto workgroupSpace = gpu::AddressSpaceAttr::get(
         b.getContext(), gpu::AddressSpace::Workgroup);
     auto raw = gpu::DynamicSharedMemoryOp::create(
@@ -122,6 +129,12 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     if (isa<FusedOp>(op))
       threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
     threads.asyncCopy = asyncCopy;
+    if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy &&
+        kernel->hasAttr("ce.stream_chunks"))
+      threads.streamRing = buildWorkgroupBuffer(
+          b, op->getOperand(0),
+          2 * static_cast<int64_t>(lanesPer16Bytes(op->getOperand(0))) *
+              unroll * blockSize);
     Value blockId = gpu::BlockIdOp::create(b, gpu::Dimension::x);
 
     auto lower = [&](auto ceOp) {

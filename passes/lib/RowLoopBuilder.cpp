@@ -255,6 +255,18 @@ Value RowLoopBuilder::cacheSlot(const RowRange &range, Value index) {
   return arith::SubIOp::create(b, index, range.head);
 }
 
+Value RowLoopBuilder::loadRingVector(const RowRange &range, Value index) {
+  // Offset `index` of chunk i sits in stage i mod 2: (index - head) mod
+  // (2 chunks).
+  Type elementType =
+      cast<MemRefType>(threads.streamRing.getType()).getElementType();
+  Value slot = arith::RemUIOp::create(
+      b, arith::SubIOp::create(b, index, range.head), this->index(2 * chunkSize()));
+  return vector::LoadOp::create(b, VectorType::get({vectorWidth}, elementType),
+                                threads.streamRing, ValueRange{slot},
+                                /*nontemporal=*/false, alignment());
+}
+
 Value RowLoopBuilder::loadCachedVector(const RowRange &range, Value index) {
   Type elementType =
       cast<MemRefType>(threads.rowCache.getType()).getElementType();
@@ -264,13 +276,70 @@ Value RowLoopBuilder::loadCachedVector(const RowRange &range, Value index) {
                                 /*nontemporal=*/false, alignment());
 }
 
+/// The offsets of a thread's `unroll` vectors in the step at `first`.
+static SmallVector<Value, 8> stepOffsets(RowLoopBuilder &rows,
+                                         ImplicitLocOpBuilder &b, Value first,
+                                         unsigned unroll, int64_t stride);
+
 void RowLoopBuilder::copyToCache(const RowRef &row, const RowRange &range,
                                  Value index) {
+  copyToSlot(row, index, threads.rowCache, cacheSlot(range, index));
+}
+
+void RowLoopBuilder::copyToSlot(const RowRef &row, Value index, Value buffer,
+                                Value slot) {
   nvgpu::DeviceAsyncCopyOp::create(
-      b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), threads.rowCache,
-      ValueRange{cacheSlot(range, index)}, row.memref,
-      indicesOf(row, index), b.getIndexAttr(vectorWidth),
-      /*srcElements=*/Value(), /*bypassL1=*/b.getUnitAttr());
+      b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), buffer,
+      ValueRange{slot}, row.memref, indicesOf(row, index),
+      b.getIndexAttr(vectorWidth), /*srcElements=*/Value(),
+      /*bypassL1=*/b.getUnitAttr());
+}
+
+SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
+                                                       const RowRange &range,
+                                                       ValueRange inits,
+                                                       StepBody body) {
+  // Chunk i's vectors land in stage i mod 2 of the ring: each thread's at
+  // the same places as in the chunk, so it reads back only its own copies.
+  int64_t chunk = chunkSize();
+  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
+  Value threadOffset =
+      arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
+  Value first = arith::AddIOp::create(b, range.head, threadOffset);
+  Value numChunks = arith::DivUIOp::create(
+      b, arith::SubIOp::create(b, range.mainEnd, range.head), index(chunk));
+  auto tokenType = nvgpu::DeviceAsyncTokenType::get(b.getContext());
+  auto copyChunk = [&](Value chunkIndex, Value j) {
+    Value stage = arith::AndIOp::create(b, chunkIndex, index(1));
+    Value base = arith::AddIOp::create(
+        b, arith::MulIOp::create(b, stage, index(chunk)), threadOffset);
+    for (auto [k, offset] :
+         llvm::enumerate(stepOffsets(*this, b, j, unroll, threadStride)))
+      copyToSlot(row, offset, threads.streamRing,
+                 arith::AddIOp::create(b, base, index(k * threadStride)));
+  };
+  Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::ne, numChunks,
+                                    index(0));
+  buildIf(b, any, [&] { copyChunk(index(0), first); });
+  nvgpu::DeviceAsyncCreateGroupOp::create(b, tokenType, ValueRange{});
+  scf::ForOp loop = buildForLoop(
+      b, index(0), numChunks, index(1), inits,
+      [&](Value i, ValueRange state) -> SmallVector<Value> {
+        Value j = arith::AddIOp::create(
+            b, first, arith::MulIOp::create(b, i, index(chunk)));
+        Value next = arith::AddIOp::create(b, i, index(1));
+        Value more =
+            arith::CmpIOp::create(b, arith::CmpIPredicate::ult, next, numChunks);
+        buildIf(b, more, [&] {
+          copyChunk(next, arith::AddIOp::create(b, j, index(chunk)));
+        });
+        Value group =
+            nvgpu::DeviceAsyncCreateGroupOp::create(b, tokenType, ValueRange{});
+        // Chunk i's group is complete when at most the newest is pending.
+        nvgpu::DeviceAsyncWaitOp::create(b, group, b.getI32IntegerAttr(1));
+        return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
+      });
+  return SmallVector<Value>(loop.getResults().begin(), loop.getResults().end());
 }
 
 void RowLoopBuilder::storeCachedVector(const RowRange &range, Value index,
@@ -357,7 +426,6 @@ int64_t RowLoopBuilder::chunkSize() const {
   return static_cast<int64_t>(vectorWidth) * unroll * threads.numThreads;
 }
 
-/// The offsets of a thread's `unroll` vectors in the step at `first`.
 static SmallVector<Value, 8> stepOffsets(RowLoopBuilder &rows,
                                          ImplicitLocOpBuilder &b, Value first,
                                          unsigned unroll, int64_t stride) {
@@ -692,14 +760,14 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     inits.push_back(f32(0.0f, vectorType));
   // Where a step's vectors come from: global memory, global memory with a
   // copy kept in the row cache, or the row cache.
-  enum class Source { Global, GlobalToCache, Cache };
+  enum class Source { Global, GlobalToCache, Cache, Ring };
   auto step = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
                   ValueRange state, Source source) -> SmallVector<Value> {
     SmallVector<Value, 8> raws, xs, sumXs;
     for (Value offset : offsets)
-      raws.push_back(source == Source::Cache
-                         ? loadCachedVector(range, offset)
-                         : loadRawVector(row, offset));
+      raws.push_back(source == Source::Cache  ? loadCachedVector(range, offset)
+                     : source == Source::Ring ? loadRingVector(range, offset)
+                                              : loadRawVector(row, offset));
     for (auto [k, raw] : llvm::enumerate(raws)) {
       if (source == Source::GlobalToCache) {
         auto store = [&] { storeCachedVector(range, offsets[k], raw); };
@@ -740,7 +808,10 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   auto fromCache = stepFrom(Source::Cache);
   CacheSplit split = cacheSplitOf(range);
   SmallVector<Value> lanes;
-  if (!split) {
+  if (threads.streamRing && !split) {
+    lanes = buildStreamedChunks(row, range, inits, stepFrom(Source::Ring));
+    lanes = buildRemainder(range, lanes, fromGlobal);
+  } else if (!split) {
     lanes = buildVectorLoops(range, inits, fromGlobal);
   } else if (threads.asyncCopy) {
     // Every cached vector is requested up front; the rest of the row is

@@ -60,6 +60,11 @@ struct RowThreads {
   /// Fill the row cache by asynchronous copies (NVIDIA cp.async), issued
   /// before the rest of the row is swept.
   bool asyncCopy = false;
+  /// Workgroup memory of two chunks (`memref<2 chunk x T>`) through which
+  /// the statistics sweep streams its chunks by asynchronous copies: the
+  /// next chunk's copies are in flight while a chunk is reduced. Null: the
+  /// chunks are loaded into registers.
+  Value streamRing;
 
   bool enabled() const { return static_cast<bool>(threadId); }
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
@@ -140,10 +145,19 @@ private:
   Value cacheSlot(const RowRange &range, Value index);
   /// The row cache's copy of the vector at row offset `index`.
   Value loadCachedVector(const RowRange &range, Value index);
+  /// The stream ring's copy of the vector at row offset `index`.
+  Value loadRingVector(const RowRange &range, Value index);
   void storeCachedVector(const RowRange &range, Value index, Value raw);
   /// Starts an asynchronous copy of the vector at `index` into its slot of
   /// the row cache.
   void copyToCache(const RowRef &row, const RowRange &range, Value index);
+  /// Starts an asynchronous copy of the vector at `index` into `slot` of
+  /// the workgroup memory `buffer`.
+  void copyToSlot(const RowRef &row, Value index, Value buffer, Value slot);
+  /// The chunks of `range` streamed through `threads.streamRing`.
+  SmallVector<Value> buildStreamedChunks(const RowRef &row,
+                                         const RowRange &range,
+                                         ValueRange inits, StepBody body);
   /// What of a row the row cache holds: the chunks in [head, chunksEnd)
   /// and, when `remainder` (i1) holds, also the vectors in
   /// [mainEnd, vectorEnd) (then chunksEnd = mainEnd). Null without a cache.

@@ -128,6 +128,12 @@ cl::opt<bool> asyncCopy(
              "(default: on for NVIDIA targets, which are the only ones that "
              "have them)"),
     cl::init(true), cl::cat(category));
+cl::opt<bool> streamChunks(
+    "stream-chunks",
+    cl::desc("Forward and shard_stats GPU kernels stream their chunks "
+             "through two chunks of shared memory by asynchronous copies "
+             "(NVIDIA; default: the chip's per-op table)"),
+    cl::init(false), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -456,6 +462,8 @@ int runGpuCodegen(MLIRContext &context,
       tuning.rowsPerSM = rowsPerSM;
     if (rowCache.getNumOccurrences())
       tuning.rowCacheBytes = rowCache;
+    if (streamChunks.getNumOccurrences())
+      tuning.streamChunks = streamChunks;
     return tuning;
   };
   std::vector<KernelInfo> kernels;
@@ -477,6 +485,13 @@ int runGpuCodegen(MLIRContext &context,
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     if (cacheBytes)
       func->setAttr("ce.row_cache_bytes", builder.getI64IntegerAttr(cacheBytes));
+    bool streamed = tuning.streamChunks && options.asyncCopy &&
+                    (key.op == ::ce::KernelOp::Forward ||
+                     key.op == ::ce::KernelOp::ShardStats);
+    if (streamed) {
+      func->setAttr("ce.stream_chunks", builder.getUnitAttr());
+      cacheBytes = 2 * 16 * tuning.unroll * tuning.blockSize;
+    }
     FailureOr<KernelInfo> info = describeKernel(func);
     if (failed(info))
       return failure();

@@ -106,6 +106,12 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     registers held), sweeps the rest of the row from global memory, waits
     for its copies, and then sweeps the cached chunks from workgroup memory.
 
+    A forward or shard_stats kernel with `ce.stream_chunks` (and
+    `async-copy`) streams its chunks through two chunks of dynamic workgroup
+    memory: chunk i + 1's asynchronous copies are issued before chunk i is
+    reduced from the other half, so each thread has two chunks in flight
+    without holding them in registers.
+
     The last, partial chunk of a row's vector part is one masked step: each
     thread loads its (at most `unroll`) vectors at once, offsets past the
     row clamped to its last vector and their values left out (stores
