@@ -180,10 +180,6 @@ Value RowLoopBuilder::widen(Value raw) {
   return raw;
 }
 
-Value RowLoopBuilder::loadVector(const RowRef &row, Value index) {
-  return widen(loadRawVector(row, index));
-}
-
 /// Builds `scf.if` yielding `types`: `thenBody` or `elseBody` gives them.
 static SmallVector<Value>
 buildIfYield(ImplicitLocOpBuilder &b, Value condition, TypeRange types,

@@ -134,7 +134,6 @@ private:
   using StepBody = function_ref<SmallVector<Value>(
       ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange state)>;
 
-  Value loadVector(const RowRef &row, Value index);
   /// The vector at `index` in the row's element type, not widened.
   Value loadRawVector(const RowRef &row, Value index);
   /// A raw vector widened to f32.
