@@ -453,6 +453,14 @@ TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
       {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
                    R"({"block_size": 256, "rows_per_block": 1})"),
        "missing required key \"kernels[0].launch.lds_bytes\""},
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
+                   R"({"block_size": 256, "rows_per_block": 1, "lds_bytes": 0,
+                       "min_vocab": -1})"),
+       "kernels[0].launch.min_vocab"},
+      {gpuManifest("sm_90", "sm_90.ptx", "ptx", fields,
+                   R"({"block_size": 256, "rows_per_block": 1, "lds_bytes": 0,
+                       "min_vocab": "65537"})"),
+       "kernels[0].launch.min_vocab"},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.message);
