@@ -26,7 +26,7 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // 4-waves-per-SIMD limit, and no row cache.
   if (chip == "sm_90") {
     GpuTarget target{chip.str(), false, 32, 228 * 1024,
-                     {32, 8, 0, 0, true}, {512, 4}, {256, 4, 0, 48 * 1024}};
+                     {32, 8, 0, 0, 2}, {512, 4}, {256, 4, 0, 48 * 1024}};
     // Fused: rows up to 64 KB in four workgroups per SM with 48 KB caches;
     // up to 128 KB in three with 64 KB; longer rows in one workgroup of
     // 1024 threads per SM whose 192 KB cache holds most of the row, the

@@ -129,11 +129,11 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     if (isa<FusedOp>(op))
       threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
     threads.asyncCopy = asyncCopy;
-    if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy &&
-        kernel->hasAttr("ce.stream_chunks"))
+    unsigned stages = tuning(kernel, "ce.stream_stages", 0);
+    if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy && stages >= 2)
       threads.streamRing = buildWorkgroupBuffer(
           b, op->getOperand(0),
-          2 * static_cast<int64_t>(lanesPer16Bytes(op->getOperand(0))) *
+          stages * static_cast<int64_t>(lanesPer16Bytes(op->getOperand(0))) *
               unroll * blockSize);
     Value blockId = gpu::BlockIdOp::create(b, gpu::Dimension::x);
 

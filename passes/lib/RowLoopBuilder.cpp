@@ -252,12 +252,13 @@ Value RowLoopBuilder::cacheSlot(const RowRange &range, Value index) {
 }
 
 Value RowLoopBuilder::loadRingVector(const RowRange &range, Value index) {
-  // Offset `index` of chunk i sits in stage i mod 2: (index - head) mod
-  // (2 chunks).
-  Type elementType =
-      cast<MemRefType>(threads.streamRing.getType()).getElementType();
+  // Offset `index` of chunk i sits in stage i mod S: (index - head) mod
+  // (S chunks), the whole ring.
+  auto ringType = cast<MemRefType>(threads.streamRing.getType());
+  Type elementType = ringType.getElementType();
   Value slot = arith::RemUIOp::create(
-      b, arith::SubIOp::create(b, index, range.head), this->index(2 * chunkSize()));
+      b, arith::SubIOp::create(b, index, range.head),
+      this->index(ringType.getNumElements()));
   return vector::LoadOp::create(b, VectorType::get({vectorWidth}, elementType),
                                 threads.streamRing, ValueRange{slot},
                                 /*nontemporal=*/false, alignment());
@@ -295,9 +296,12 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
                                                        const RowRange &range,
                                                        ValueRange inits,
                                                        StepBody body) {
-  // Chunk i's vectors land in stage i mod 2 of the ring: each thread's at
-  // the same places as in the chunk, so it reads back only its own copies.
+  // Chunk i's vectors land in stage i mod S of the ring (S stages, S - 1
+  // chunks in flight ahead of the one reduced): each thread's at the same
+  // places as in the chunk, so it reads back only its own copies.
   int64_t chunk = chunkSize();
+  int64_t stages =
+      cast<MemRefType>(threads.streamRing.getType()).getNumElements() / chunk;
   int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
   Value threadOffset =
       arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
@@ -306,7 +310,7 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
       b, arith::SubIOp::create(b, range.mainEnd, range.head), index(chunk));
   auto tokenType = nvgpu::DeviceAsyncTokenType::get(b.getContext());
   auto copyChunk = [&](Value chunkIndex, Value j) {
-    Value stage = arith::AndIOp::create(b, chunkIndex, index(1));
+    Value stage = arith::RemUIOp::create(b, chunkIndex, index(stages));
     Value base = arith::AddIOp::create(
         b, arith::MulIOp::create(b, stage, index(chunk)), threadOffset);
     for (auto [k, offset] :
@@ -314,25 +318,33 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
       copyToSlot(row, offset, threads.streamRing,
                  arith::AddIOp::create(b, base, index(k * threadStride)));
   };
-  Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::ne, numChunks,
-                                    index(0));
-  buildIf(b, any, [&] { copyChunk(index(0), first); });
-  nvgpu::DeviceAsyncCreateGroupOp::create(b, tokenType, ValueRange{});
+  // Chunks 0 .. S-2 ahead, one group each (empty past the row's chunks).
+  for (int64_t s = 0; s + 1 < stages; ++s) {
+    Value exists = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                         index(s), numChunks);
+    buildIf(b, exists, [&] {
+      copyChunk(index(s), arith::AddIOp::create(b, first, index(s * chunk)));
+    });
+    nvgpu::DeviceAsyncCreateGroupOp::create(b, tokenType, ValueRange{});
+  }
   scf::ForOp loop = buildForLoop(
       b, index(0), numChunks, index(1), inits,
       [&](Value i, ValueRange state) -> SmallVector<Value> {
         Value j = arith::AddIOp::create(
             b, first, arith::MulIOp::create(b, i, index(chunk)));
-        Value next = arith::AddIOp::create(b, i, index(1));
+        Value next = arith::AddIOp::create(b, i, index(stages - 1));
         Value more =
             arith::CmpIOp::create(b, arith::CmpIPredicate::ult, next, numChunks);
         buildIf(b, more, [&] {
-          copyChunk(next, arith::AddIOp::create(b, j, index(chunk)));
+          copyChunk(next,
+                    arith::AddIOp::create(b, j, index((stages - 1) * chunk)));
         });
         Value group =
             nvgpu::DeviceAsyncCreateGroupOp::create(b, tokenType, ValueRange{});
-        // Chunk i's group is complete when at most the newest is pending.
-        nvgpu::DeviceAsyncWaitOp::create(b, group, b.getI32IntegerAttr(1));
+        // Chunk i's group is complete when at most the S - 1 newest are
+        // pending.
+        nvgpu::DeviceAsyncWaitOp::create(
+            b, group, b.getI32IntegerAttr(static_cast<int32_t>(stages - 1)));
         return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
       });
   return SmallVector<Value>(loop.getResults().begin(), loop.getResults().end());

@@ -128,12 +128,13 @@ cl::opt<bool> asyncCopy(
              "(default: on for NVIDIA targets, which are the only ones that "
              "have them)"),
     cl::init(true), cl::cat(category));
-cl::opt<bool> streamChunks(
-    "stream-chunks",
+cl::opt<unsigned> streamStages(
+    "stream-stages",
     cl::desc("Forward and shard_stats GPU kernels stream their chunks "
-             "through two chunks of shared memory by asynchronous copies "
-             "(NVIDIA; default: the chip's per-op table)"),
-    cl::init(false), cl::cat(category));
+             "through a ring of this many chunks of shared memory by "
+             "asynchronous copies (NVIDIA; 0: off, else at least 2; default: "
+             "the chip's per-op table)"),
+    cl::init(0), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -449,6 +450,10 @@ int runGpuCodegen(MLIRContext &context,
   options.chipset = target.chip;
   options.subgroupSize = target.subgroupSize;
   options.asyncCopy = asyncCopy && !target.amd;
+  if (streamStages == 1) {
+    llvm::errs() << "ce-gen: --stream-stages must be 0 (off) or at least 2\n";
+    return 2;
+  }
   // --block-size/--unroll/--row-cache set every kernel's; else the chip's
   // per-op default. The mapping pass reads them from the kernel's
   // attributes.
@@ -462,8 +467,8 @@ int runGpuCodegen(MLIRContext &context,
       tuning.rowsPerSM = rowsPerSM;
     if (rowCache.getNumOccurrences())
       tuning.rowCacheBytes = rowCache;
-    if (streamChunks.getNumOccurrences())
-      tuning.streamChunks = streamChunks;
+    if (streamStages.getNumOccurrences())
+      tuning.streamStages = streamStages;
     return tuning;
   };
   std::vector<KernelInfo> kernels;
@@ -485,12 +490,21 @@ int runGpuCodegen(MLIRContext &context,
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     if (cacheBytes)
       func->setAttr("ce.row_cache_bytes", builder.getI64IntegerAttr(cacheBytes));
-    bool streamed = tuning.streamChunks && options.asyncCopy &&
+    bool streamed = tuning.streamStages >= 2 && options.asyncCopy &&
                     (key.op == ::ce::KernelOp::Forward ||
                      key.op == ::ce::KernelOp::ShardStats);
     if (streamed) {
-      func->setAttr("ce.stream_chunks", builder.getUnitAttr());
-      cacheBytes = 2 * 16 * tuning.unroll * tuning.blockSize;
+      func->setAttr("ce.stream_stages",
+                    builder.getI64IntegerAttr(tuning.streamStages));
+      cacheBytes = tuning.streamStages * 16 * tuning.unroll * tuning.blockSize;
+      if (cacheBytes > target.maxSharedBytesPerWorkgroup()) {
+        llvm::errs() << "ce-gen: --stream-stages=" << tuning.streamStages
+                     << " needs " << cacheBytes
+                     << " bytes of workgroup memory, more than " << target.chip
+                     << " has (" << target.maxSharedBytesPerWorkgroup()
+                     << ")\n";
+        return failure();
+      }
     }
     FailureOr<KernelInfo> info = describeKernel(func);
     if (failed(info))

@@ -28,9 +28,9 @@ struct GpuTuning {
   /// chunks between its two sweeps (a multiple of the chunk, 16 x unroll x
   /// blockSize bytes; see rowCacheBytesFor); 0: none.
   unsigned rowCacheBytes = 0;
-  /// Statistics kernels: stream the chunks through two chunks of workgroup
-  /// memory by asynchronous copies (NVIDIA).
-  bool streamChunks = false;
+  /// Statistics kernels: stream the chunks through a ring of this many
+  /// chunks of workgroup memory by asynchronous copies (NVIDIA; 0: off).
+  unsigned streamStages = 0;
 };
 
 /// A GPU chip ce-gen can emit code objects for, with its per-chip, per-op

@@ -106,10 +106,10 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     registers held), sweeps the rest of the row from global memory, waits
     for its copies, and then sweeps the cached chunks from workgroup memory.
 
-    A forward or shard_stats kernel with `ce.stream_chunks` (and
-    `async-copy`) streams its chunks through two chunks of dynamic workgroup
-    memory: chunk i + 1's asynchronous copies are issued before chunk i is
-    reduced from the other half, so each thread has two chunks in flight
+    A forward or shard_stats kernel with `ce.stream_stages = S` (S >= 2,
+    and `async-copy`) streams its chunks through a ring of S chunks of
+    dynamic workgroup memory: chunk i + S - 1's asynchronous copies are
+    issued before chunk i is reduced, so each thread has chunks in flight
     without holding them in registers.
 
     The last, partial chunk of a row's vector part is one masked step: each
