@@ -56,7 +56,7 @@ unsigned GpuTarget::ldsBytesFor(unsigned rowsPerSM) const {
 
 unsigned GpuTarget::rowCacheBytesFor(const GpuTuning &tuning,
                                      unsigned requested) {
-  unsigned chunk = 16 * tuning.unroll * tuning.blockSize;
+  unsigned chunk = tuning.chunkBytes();
   return chunk ? requested / chunk * chunk : 0;
 }
 

@@ -232,14 +232,23 @@ SmallVector<Value> RowLoopBuilder::buildSplitRemainder(
                       side(uncached));
 }
 
+void RowLoopBuilder::buildIfValid(ArrayRef<Value> valid, size_t k,
+                                  function_ref<void()> body) {
+  if (valid.empty())
+    body();
+  else
+    buildIf(b, valid[k], body);
+}
+
+Value RowLoopBuilder::threadOffsetOf() {
+  return arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
+}
+
 void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
                                       const CacheSplit &split) {
   auto copy = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange) {
     for (auto [k, offset] : llvm::enumerate(offsets)) {
-      if (valid.empty())
-        copyToCache(row, range, offset);
-      else
-        buildIf(b, valid[k], [&] { copyToCache(row, range, offset); });
+      buildIfValid(valid, k, [&] { copyToCache(row, range, offset); });
     }
     return SmallVector<Value>();
   };
@@ -303,8 +312,7 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
   int64_t stages =
       cast<MemRefType>(threads.streamRing.getType()).getNumElements() / chunk;
   int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
-  Value threadOffset =
-      arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
+  Value threadOffset = threadOffsetOf();
   Value first = arith::AddIOp::create(b, range.head, threadOffset);
   Value numChunks = arith::DivUIOp::create(
       b, arith::SubIOp::create(b, range.mainEnd, range.head), index(chunk));
@@ -453,8 +461,7 @@ SmallVector<Value> RowLoopBuilder::buildChunkLoop(Value begin, Value end,
   int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
   Value first = begin;
   if (threads.enabled())
-    first = arith::AddIOp::create(
-        b, begin, arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
+    first = arith::AddIOp::create(b, begin, threadOffsetOf());
   auto chunkBody = [&](Value j, ValueRange state) {
     return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
   };
@@ -497,9 +504,7 @@ SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
   return buildIfYield(
       b, any, state.getTypes(),
       [&] {
-        Value first = arith::AddIOp::create(
-            b, range.mainEnd,
-            arith::MulIOp::create(b, threads.threadId, index(vectorWidth)));
+        Value first = arith::AddIOp::create(b, range.mainEnd, threadOffsetOf());
         Value lastVector =
             arith::SubIOp::create(b, range.vectorEnd, index(vectorWidth));
         SmallVector<Value, 8> offsets, valid;
@@ -777,13 +782,9 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                      : source == Source::Ring ? loadRingVector(range, offset)
                                               : loadRawVector(row, offset));
     for (auto [k, raw] : llvm::enumerate(raws)) {
-      if (source == Source::GlobalToCache) {
-        auto store = [&] { storeCachedVector(range, offsets[k], raw); };
-        if (valid.empty())
-          store();
-        else
-          buildIf(b, valid[k], store);
-      }
+      if (source == Source::GlobalToCache)
+        buildIfValid(valid, k,
+                     [&] { storeCachedVector(range, offsets[k], raw); });
       Value x = widen(raw);
       sumXs.push_back(x);
       if (!valid.empty()) {
@@ -909,15 +910,10 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       for (Value offset : offsets)
         xs.push_back(widen(fromCache ? loadCachedVector(range, offset)
                                      : loadRawVector(row, offset)));
-      for (auto [k, x] : llvm::enumerate(xs)) {
-        auto store = [&] {
+      for (auto [k, x] : llvm::enumerate(xs))
+        buildIfValid(valid, k, [&] {
           storeVector(grad, offsets[k], gradient(x, vectorType));
-        };
-        if (valid.empty())
-          store();
-        else
-          buildIf(b, valid[k], store);
-      }
+        });
     };
     auto fromGlobal = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
                           ValueRange) {
@@ -967,13 +963,8 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
       range, {},
       [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
           ValueRange) -> SmallVector<Value> {
-        for (auto [k, offset] : llvm::enumerate(offsets)) {
-          auto store = [&] { storeVector(grad, offset, splat); };
-          if (valid.empty())
-            store();
-          else
-            buildIf(b, valid[k], store);
-        }
+        for (auto [k, offset] : llvm::enumerate(offsets))
+          buildIfValid(valid, k, [&] { storeVector(grad, offset, splat); });
         return {};
       });
   buildScalarLoops(range, vocab, {},

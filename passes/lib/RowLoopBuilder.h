@@ -128,6 +128,13 @@ private:
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
+  /// Runs `body` for vector `k` of a step: directly, or under `valid[k]` in
+  /// a masked step.
+  void buildIfValid(ArrayRef<Value> valid, size_t k,
+                    function_ref<void()> body);
+  /// Where this thread's first vector of a step sits past the step's start
+  /// (GPUs): thread id x vector width.
+  Value threadOffsetOf();
   /// One step of a sweep: the element offsets of its vectors; for the
   /// masked last step of a GPU row, whether each offset is in the row
   /// (empty: all are); the loop state. Returns the next state.

@@ -496,7 +496,7 @@ int runGpuCodegen(MLIRContext &context,
     if (streamed) {
       func->setAttr("ce.stream_stages",
                     builder.getI64IntegerAttr(tuning.streamStages));
-      cacheBytes = tuning.streamStages * 16 * tuning.unroll * tuning.blockSize;
+      cacheBytes = tuning.streamStages * tuning.chunkBytes();
       if (cacheBytes > target.maxSharedBytesPerWorkgroup()) {
         llvm::errs() << "ce-gen: --stream-stages=" << tuning.streamStages
                      << " needs " << cacheBytes

@@ -31,6 +31,9 @@ struct GpuTuning {
   /// Statistics kernels: stream the chunks through a ring of this many
   /// chunks of workgroup memory by asynchronous copies (NVIDIA; 0: off).
   unsigned streamStages = 0;
+
+  /// Bytes one step of the workgroup covers: 16 bytes x unroll per thread.
+  unsigned chunkBytes() const { return 16 * unroll * blockSize; }
 };
 
 /// A GPU chip ce-gen can emit code objects for, with its per-chip, per-op
