@@ -24,16 +24,23 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
   // between the two sweeps). gfx9 is unmeasured (no device): 4 wave64
   // waves with unroll 2, since unroll 4 reaches 128 VGPRs, the
   // 4-waves-per-SIMD limit, and no row cache.
+  // Every sm_90 kernel flushes f32 denormals (one-instruction ex2: the
+  // forward 3-5 % faster, PERFORMANCE.md run 7).
   if (chip == "sm_90") {
-    GpuTarget target{chip.str(), false, 32, 228 * 1024,
-                     {32, 8, 0, 0, 2}, {512, 4}, {256, 4, 0, 48 * 1024}};
+    GpuTarget target{chip.str(),
+                     false,
+                     32,
+                     228 * 1024,
+                     {32, 8, 0, 0, 2, true},
+                     {512, 4, 0, 0, 0, true},
+                     {256, 4, 0, 48 * 1024, 0, true}};
     // Fused: rows up to 64 KB in four workgroups per SM with 48 KB caches;
     // up to 128 KB in three with 64 KB; longer rows in one workgroup of
     // 1024 threads per SM whose 192 KB cache holds most of the row, the
     // rest re-read from L2.
-    target.fusedLongerRows = {{64 * 1024, {256, 4, 0, 64 * 1024}, "_rows64k"},
-                              {128 * 1024, {1024, 4, 0, 192 * 1024},
-                               "_rows128k"}};
+    target.fusedLongerRows = {
+        {64 * 1024, {256, 4, 0, 64 * 1024, 0, true}, "_rows64k"},
+        {128 * 1024, {1024, 4, 0, 192 * 1024, 0, true}, "_rows128k"}};
     return target;
   }
   if (chip == "gfx942" || chip == "gfx90a")
@@ -138,6 +145,14 @@ mlir::ce::translateGpuModule(gpu::GPUModuleOp module,
   }
   llvmModule->setTargetTriple(machine.getTargetTriple());
   llvmModule->setDataLayout(machine.createDataLayout());
+  // Kernels marked `ce.flush_denormals` flush f32 denormals: NVPTX then
+  // selects `ex2.approx.ftz.f32`, AMDGPU a bare `v_exp_f32`.
+  for (Operation &op : module.getBody()->without_terminator())
+    if (op.hasAttr("ce.flush_denormals"))
+      if (auto name = op.getAttrOfType<StringAttr>(
+              SymbolTable::getSymbolAttrName()))
+        if (llvm::Function *fn = llvmModule->getFunction(name.getValue()))
+          fn->addFnAttr("denormal-fp-math-f32", "preserve-sign,preserve-sign");
   auto optimize = makeOptimizingTransformer(3, 0, &machine);
   if (llvm::Error err = optimize(llvmModule.get())) {
     error = llvm::toString(std::move(err));

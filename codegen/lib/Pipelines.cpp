@@ -58,6 +58,7 @@ void mlir::ce::buildGpuMappingPipeline(OpPassManager &pm,
   mapOptions.subgroupSize = options.subgroupSize;
   mapOptions.unroll = options.unroll;
   mapOptions.asyncCopy = options.asyncCopy;
+  mapOptions.packedMax = options.packedMax;
   kernels.addPass(createCEMapToGPU(mapOptions));
   kernels.addPass(createLoopInvariantCodeMotionPass());
   kernels.addPass(createCanonicalizerPass());

@@ -129,6 +129,7 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     if (isa<FusedOp>(op))
       threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
     threads.asyncCopy = asyncCopy;
+    threads.packedMax = packedMax;
     unsigned stages = tuning(kernel, "ce.stream_stages", 0);
     if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy && stages >= 2)
       threads.streamRing = buildWorkgroupBuffer(

@@ -16,6 +16,14 @@ using namespace mlir;
 using namespace mlir::ce;
 
 static constexpr float kLog2E = 1.44269504088896340736f;
+static constexpr float kLn2 = 0.693147180559945309417f;
+/// The main sweep subtracts the scaled maximum by FMA (stepRowState), capped
+/// at -fl(max log2 e) <= 2^25.
+static constexpr float kMaxNegScaledMax = 0x1p25f;
+/// Rows whose maximum is not below this in magnitude (infinite, NaN, or the
+/// -FLT_MAX of a row with no value > -inf included) are swept again with
+/// exact subtractions (buildStatistics).
+static constexpr float kFoldLimit = 0x1p24f;
 static constexpr float kInf = std::numeric_limits<float>::infinity();
 /// The maximum of a state that has seen no value > -inf: -FLT_MAX, finite
 /// so that `x - max` is never -inf - -inf and no element but -FLT_MAX
@@ -646,17 +654,30 @@ Value RowLoopBuilder::allReduceSum(Value sum) {
 }
 
 /// The exponentials of `xs` at the maximum `max` (shaped like them), summed
-/// twice: without the maximum's copies (exp(0) = 1 exactly) and with them.
-/// Per element one select; the difference of the two sums (at most
-/// xs.size() apart, off by a few ulps) rounds to the maxima's count.
+/// twice: without the maximum's copies and with them. Per element one
+/// select; the difference of the two sums (at most xs.size() apart, off by a
+/// few ulps) rounds to the maxima's count.
+///
+/// With `negScaledMax` = -fl(max log2 e) (scalar or shaped like `xs`), each
+/// exponent is one FMA, `x log2 e - fl(max log2 e)`, instead of a subtract
+/// and a multiply; every term then carries the same factor 2^d, d = max log2
+/// e - fl(max log2 e) (|d| <= half an ulp of the scaled maximum), which the
+/// caller takes out of the small terms (the maximum's own terms are 2^d, not
+/// exactly 1, which the count's rounding absorbs). Without it the exponent is
+/// `(x - max) log2 e` and the maximum's terms are exactly 1.
 static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                                         ImplicitLocOpBuilder &b,
-                                        ArrayRef<Value> xs, Value max) {
+                                        ArrayRef<Value> xs, Value max,
+                                        Value negScaledMax = {}) {
   Value zero = rows.f32(0.0f, max.getType());
+  Value log2e = negScaledMax ? rows.f32(kLog2E, max.getType()) : Value();
   Value smallTerms, allTerms;
   for (Value x : xs) {
     Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
-    Value e = rows.buildExp(arith::SubFOp::create(b, x, max));
+    Value e = negScaledMax
+                  ? math::Exp2Op::create(
+                        b, math::FmaOp::create(b, x, log2e, negScaledMax))
+                  : rows.buildExp(arith::SubFOp::create(b, x, max));
     Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
@@ -701,41 +722,100 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   return {newMax, newRest};
 }
 
-/// The main sweep's step: one maximum per thread (a scalar) and the rest as
-/// a vector of partial sums (`S = 1 + sum of its lanes`), so that the
-/// bookkeeping of a step (new maximum, rescale, the maxima's count) is done
-/// once per `unroll * width` elements instead of once per lane.
-static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
-                                            ImplicitLocOpBuilder &b, Value max,
-                                            Value rest, ArrayRef<Value> xs) {
-  auto type = cast<VectorType>(rest.getType());
+/// The maximum of the elements of the vectors `xs`, as a scalar of their
+/// element type (NaN if any is NaN).
+static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
   Value tileMax = xs.front();
   for (Value x : xs.drop_front())
     tileMax = arith::MaximumFOp::create(b, tileMax, x);
-  Value newMax = arith::MaximumFOp::create(
-      b, max,
-      vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF, tileMax));
-  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
-  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  auto [smallTerms, allTerms] = sumTerms(
-      rows, b, xs, vector::BroadcastOp::create(b, type, newMax));
-  Value maxCount = math::RoundEvenOp::create(
-      b, vector::ReductionOp::create(
-             b, vector::CombiningKind::ADD,
-             arith::SubFOp::create(b, allTerms, smallTerms)));
-  // rest' = (rest + moved) rescale + small + (count - moved), the scalar
-  // parts on lane 0; `moved` is the old implicit 1 when the maximum grew.
+  return vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF,
+                                     tileMax);
+}
+
+/// The end of a main-sweep step (stepRowState): rest' = (rest + moved)
+/// rescale + small + (count - moved), the scalar parts on lane 0; `moved` is
+/// the old implicit 1 when the maximum grew (`grew`).
+static std::pair<Value, Value>
+finishRowStep(RowLoopBuilder &rows, ImplicitLocOpBuilder &b, Value newMax,
+              Value rest, Value grew, Value rescale, Value smallTerms,
+              Value maxCount) {
   Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
   Value adjust = arith::AddFOp::create(
       b, arith::MulFOp::create(b, moved, rescale),
       arith::SubFOp::create(b, maxCount, moved));
   Value newRest = math::FmaOp::create(
-      b, rest, vector::BroadcastOp::create(b, type, rescale), smallTerms);
+      b, rest, vector::BroadcastOp::create(b, rest.getType(), rescale),
+      smallTerms);
   Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
   newRest = vector::InsertOp::create(
       b, arith::AddFOp::create(b, lane0, adjust), newRest,
       ArrayRef<int64_t>{0});
   return {newMax, newRest};
+}
+
+/// The main sweep's step: one maximum per thread (a scalar) and the rest as
+/// a vector of partial sums (`S = 1 + sum of its lanes`), so that the
+/// bookkeeping of a step (new maximum, rescale, the maxima's count) is done
+/// once per `unroll * width` elements instead of once per lane.
+///
+/// The exponents are one FMA each (sumTerms), at c = fl(m log2 e) capped
+/// below at -2^25 (so c is finite for every state, the initial -FLT_MAX
+/// included). Every term carries 2^d, d = m log2 e - c (exact by FMA;
+/// |d| <= 1 for |m| < 2^24), which the step takes out of the small terms and
+/// the count: by 1 - d ln 2 when |d| <= 2^-12 (every |m| < 2839), else by
+/// exp2(-d). A state whose maximum is below -2^24 gets finite but meaningless
+/// terms; it is either rescaled to 0 by a later, larger maximum or it is the
+/// row's maximum, and buildStatistics sweeps a row whose maximum is not below
+/// 2^24 in magnitude again with exact subtractions.
+/// `foldScale` false: `(x - max) log2 e` as in stepState.
+/// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
+static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
+                                            ImplicitLocOpBuilder &b, Value max,
+                                            Value rest, ArrayRef<Value> xs,
+                                            Value stepMax, bool foldScale) {
+  auto type = cast<VectorType>(rest.getType());
+  auto splat = [&](Value scalar) -> Value {
+    return vector::BroadcastOp::create(b, type, scalar);
+  };
+  if (!stepMax)
+    stepMax = maximumOf(b, xs);
+  Value newMax = arith::MaximumFOp::create(b, max, stepMax);
+  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  if (!foldScale) {
+    auto [smallTerms, allTerms] = sumTerms(rows, b, xs, splat(newMax));
+    Value maxCount = math::RoundEvenOp::create(
+        b, vector::ReductionOp::create(
+               b, vector::CombiningKind::ADD,
+               arith::SubFOp::create(b, allTerms, smallTerms)));
+    return finishRowStep(rows, b, newMax, rest, grew, rescale, smallTerms,
+                         maxCount);
+  }
+  Value negScaled = arith::MinimumFOp::create(
+      b, arith::MulFOp::create(b, newMax, rows.f32(-kLog2E)),
+      rows.f32(kMaxNegScaledMax));
+  Value residual = arith::MaximumFOp::create(
+      b, math::FmaOp::create(b, newMax, rows.f32(kLog2E), negScaled),
+      rows.f32(-64.0f));
+  Value tiny = arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
+                                     math::AbsFOp::create(b, residual),
+                                     rows.f32(0x1p-12f));
+  Value unscale = arith::SelectOp::create(
+      b, tiny,
+      math::FmaOp::create(b, residual, rows.f32(-kLn2), rows.f32(1.0f)),
+      math::Exp2Op::create(b, arith::NegFOp::create(b, residual)));
+  auto [smallTerms, allTerms] =
+      sumTerms(rows, b, xs, splat(newMax), splat(negScaled));
+  Value maxCount = math::RoundEvenOp::create(
+      b, arith::MulFOp::create(
+             b,
+             vector::ReductionOp::create(
+                 b, vector::CombiningKind::ADD,
+                 arith::SubFOp::create(b, allTerms, smallTerms)),
+             unscale));
+  return finishRowStep(rows, b, newMax, rest, grew, rescale,
+                       arith::MulFOp::create(b, smallTerms, splat(unscale)),
+                       maxCount);
 }
 
 std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
@@ -759,6 +839,36 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum) {
+  RowStats stats = buildStatisticsSweep(row, vocab, withSum, true);
+  // Outside |max| < 2^24 the folded exponents are unusable (stepRowState):
+  // such a row (and an all -inf, infinite or NaN one) is swept again from
+  // global memory with exact subtractions. Every thread has the same max, so
+  // the branch is uniform.
+  Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
+                                        math::AbsFOp::create(b, stats.max),
+                                        f32(kFoldLimit));
+  SmallVector<Type, 3> types(withSum ? 3 : 2, b.getF32Type());
+  auto valuesOf = [&](const RowStats &s) {
+    SmallVector<Value> values = {s.max, s.rest};
+    if (withSum)
+      values.push_back(s.sum);
+    return values;
+  };
+  SmallVector<Value> values = buildIfYield(
+      b, unusual, types,
+      [&] {
+        RowThreads plain = threads;
+        plain.rowCache = plain.streamRing = Value();
+        plain.asyncCopy = false;
+        RowLoopBuilder exact(b, vectorWidth, unroll, plain);
+        return valuesOf(exact.buildStatisticsSweep(row, vocab, withSum, false));
+      },
+      [&] { return valuesOf(stats); });
+  return {values[0], values[1], withSum ? values[2] : Value()};
+}
+
+RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
+                                              bool withSum, bool foldScale) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
@@ -781,6 +891,21 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
       raws.push_back(source == Source::Cache  ? loadCachedVector(range, offset)
                      : source == Source::Ring ? loadRingVector(range, offset)
                                               : loadRawVector(row, offset));
+    // The step's maximum on the packed values (exact: it is one of them).
+    Value stepMax;
+    auto rawType = cast<VectorType>(raws.front().getType());
+    if (threads.packedMax && rawType.getElementType().getIntOrFloatBitWidth() == 16) {
+      SmallVector<Value, 8> maskedRaws(raws);
+      if (!valid.empty()) {
+        Value noValue = arith::ConstantOp::create(
+            b, DenseElementsAttr::get(
+                   rawType, b.getFloatAttr(rawType.getElementType(), -kInf)));
+        for (auto [k, raw] : llvm::enumerate(maskedRaws))
+          raw = arith::SelectOp::create(b, valid[k], raw, noValue);
+      }
+      stepMax = arith::ExtFOp::create(b, b.getF32Type(),
+                                      maximumOf(b, maskedRaws));
+    }
     for (auto [k, raw] : llvm::enumerate(raws)) {
       if (source == Source::GlobalToCache)
         buildIfValid(valid, k,
@@ -796,7 +921,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
       }
       xs.push_back(x);
     }
-    auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs);
+    auto [max, rest] =
+        stepRowState(*this, b, state[0], state[1], xs, stepMax, foldScale);
     SmallVector<Value> next = {max, rest};
     if (withSum) {
       Value tileSum = sumXs.front();

@@ -65,6 +65,9 @@ struct RowThreads {
   /// next chunk's copies are in flight while a chunk is reduced. Null: the
   /// chunks are loaded into registers.
   Value streamRing;
+  /// Take a statistics step's maximum of bf16/f16 logits on the loaded
+  /// (packed) vectors, before widening (NVIDIA: two per instruction).
+  bool packedMax = false;
 
   bool enabled() const { return static_cast<bool>(threadId); }
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
@@ -125,6 +128,10 @@ public:
   Value index(int64_t value);
 
 private:
+  /// buildStatistics' sweep; `foldScale`: each exponent one FMA (valid for
+  /// rows whose maximum is below 2^24 in magnitude).
+  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum,
+                                bool foldScale);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);

@@ -206,7 +206,11 @@ public:
     Value loss = arith::NegFOp::create(b, logProb);
     if (hasSmoothing()) {
       Value mean = arith::DivFOp::create(b, stats.sum, vocabF32);
-      Value smoothTerm = arith::SubFOp::create(b, lse, mean);
+      // lse - mean as (max - mean) + log1p(rest): the rounding of lse
+      // (half an ulp of a large max) stays out of the difference.
+      Value smoothTerm = arith::AddFOp::create(
+          b, arith::SubFOp::create(b, stats.max, mean),
+          rows.buildLog1p(stats.rest));
       Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
       loss = arith::AddFOp::create(
           b, arith::MulFOp::create(b, keep, loss),

@@ -18,7 +18,8 @@ What it checks (each part can be selected with ``--parts``):
 numerics   every kernel of the bundles on the cases of test/runtime/NumericsTest.cpp:
            V in {1, 2, 7, 4095, 32000, 50257, 128256}, N = 0 and 1 and more, [S,B,V] with
            [B,S]/[S,B] labels, strided/padded/transposed views of every tensor, -inf rows,
-           a confident row, +100 offsets, ignored tokens and an all-ignored batch,
+           a confident row, +100 offsets, maxima past 2^24 and near 2^100, a half row
+           near -1e30, ignored tokens and an all-ignored batch,
            per-token and stride-0 upstream gradients or weights, overwrite on/off. Outputs
            are poisoned (NaN) first and the padding around every view must survive.
            Tolerances as NumericsTest: loss, lse |k - r| <= 1e-5 max(1, |r|); gradient one
@@ -140,6 +141,7 @@ CASES = [
     Case("views-vocab32000", 3, 1, 3, 32000, True, True, True, False),
     Case("vocab50257", 2, 2, 1, 50257, False, True, False, False),
     Case("views-vocab128256", 2, 1, 2, 128256, True, False, False, False),
+    Case("special-vocab32000", 7, 7, 1, 32000, False, True, False, False),
     Case("all-ignored", 16, 4, 4, 7, True, False, False, True),
 ]
 
@@ -311,7 +313,8 @@ class Problem:
             labels[drop] = key.ignore_index
         x = self.round(x)
         if case.special_rows and v >= 2:
-            for t in range(min(n, 4)):
+            f16 = dtype == "f16"
+            for t in range(min(n, 7)):
                 label = int(torch.randint(0, v, (1,), generator=gen))
                 labels[t] = label
                 if t in (0, 1):
@@ -326,8 +329,22 @@ class Problem:
                     lse_others = float(torch.logsumexp(others, 0))
                     x[t, label] = float(self.round(torch.tensor([lse_others + math.log(1999.0)],
                                                                 dtype=torch.float64)))
-                else:
+                elif t == 3:
                     x[t] = self.round(x[t] + 100.0)
+                elif t == 4:
+                    # A maximum past 2^24 (swept again with exact subtractions):
+                    # nine values 2^20 apart (f16: 1024), ties at the maximum,
+                    # a row sum exact in f32.
+                    unit, base = (1024.0, 58.0) if f16 else (2.0 ** 20, 29.0)
+                    x[t] = self.round(unit * (base + x[t].round().clamp(-4, 4)))
+                elif t == 5:
+                    # Huge values 2^94 apart (f16: 512) around 2^100.
+                    unit = 512.0 if f16 else 2.0 ** 94
+                    x[t] = self.round(unit * (64.0 + x[t].round().clamp(-8, 8)))
+                else:
+                    # A first half far below the rest: the running maximum
+                    # starts below -2^24 and then grows.
+                    x[t, :v // 2] = self.round(x[t, :v // 2] - 1.0e30)
         self.x, self.labels = x, labels
         # The per-token scale: grad_loss (backward) or weights (fused).
         self.scale = torch.zeros((n,), dtype=torch.float64)
@@ -482,6 +499,9 @@ def fmt(value: float) -> str:
 def check_token_values(report: Report, p: Problem, what: str, kernel: torch.Tensor,
                        ref: torch.Tensor, exact_zero: torch.Tensor, case: str) -> None:
     k = kernel.to(torch.float64).cpu()
+    # The output is f32: a reference past its range rounds to infinity.
+    ref = torch.where(ref.abs() > torch.finfo(torch.float32).max,
+                      ref.to(torch.float32).to(torch.float64), ref)
     tolerance = 1e-5 * ref.abs().clamp(min=1.0)
     finite = torch.isfinite(ref)
     ok = torch.where(finite, (k - ref).abs() <= tolerance,

@@ -8,7 +8,8 @@
 // Every kernel of every bundle runs through the C API on fresh random inputs
 // over a fixed list of shapes (V from 1 to 128256, N from 0 to a few dozen),
 // packed and as strided views, with special rows (-inf everywhere but one
-// entry, a target probability above 0.999, large offsets), ignored tokens and
+// entry, a target probability above 0.999, large offsets, maxima past 2^24
+// and near 2^100, a half row near -1e30), ignored tokens and
 // an all-ignored batch, per-token and broadcast upstream gradients or
 // weights, and with out-of-range labels in memory that faults beyond the
 // tensors. Outputs are poisoned before each call; padding and inputs must
@@ -67,7 +68,7 @@ struct CaseSpec {
   int64_t seq, batch; ///< S, B for [S, B, V] logits.
   int64_t vocab;      ///< V.
   bool views;         ///< Strided, padded and transposed views everywhere.
-  bool specialRows;   ///< -inf rows, a confident row, a shifted row.
+  bool specialRows;   ///< -inf rows, a confident row, shifted and extreme rows.
   bool broadcast;     ///< Stride-0 upstream gradient / token weights.
   bool allIgnored;    ///< Every label is the ignore_index.
 };
@@ -81,6 +82,7 @@ const CaseSpec kCases[] = {
     {"views-vocab32000", 3, 1, 3, 32000, true, true, true, false},
     {"vocab50257", 2, 2, 1, 50257, false, true, false, false},
     {"views-vocab128256", 2, 1, 2, 128256, true, false, false, false},
+    {"special-vocab32000", 7, 7, 1, 32000, false, true, false, false},
     {"all-ignored", 16, 4, 4, 7, true, false, false, true},
 };
 
@@ -285,7 +287,8 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
 
   // Special rows on the first tokens.
   if (spec.specialRows && v >= 2) {
-    for (int64_t t = 0; t < std::min<int64_t>(n, 4); ++t) {
+    bool f16 = type == ElemType::F16;
+    for (int64_t t = 0; t < std::min<int64_t>(n, 7); ++t) {
       double *row = &p.x[t * v];
       int64_t label = anyLabel(rng);
       p.labels[t] = label;
@@ -308,10 +311,31 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
             sum += std::exp(row[j] - max);
         others = max + std::log(sum);
         row[label] = roundTo(type, others + std::log(1999.0));
-      } else {
+      } else if (t == 3) {
         // A large common offset: exp without the max subtraction overflows.
         for (int64_t j = 0; j < v; ++j)
           row[j] = roundTo(type, row[j] + 100.0);
+      } else if (t == 4) {
+        // A maximum past 2^24 (the kernels sweep such a row again with exact
+        // subtractions): nine values 2^20 apart (f16: 1024), so the maximum
+        // has ties and the row sum is exact in f32.
+        double unit = f16 ? 1024.0 : 0x1p20;
+        double base = f16 ? 58.0 : 29.0;
+        for (int64_t j = 0; j < v; ++j)
+          row[j] = roundTo(
+              type, unit * (base + std::clamp(std::round(row[j]), -4.0, 4.0)));
+      } else if (t == 5) {
+        // Huge values, 2^94 apart (f16: 512) around 2^100 (the ulp of
+        // max * log2(e) is about 2^77); the row sum is exact in f32.
+        double unit = f16 ? 512.0 : 0x1p94;
+        for (int64_t j = 0; j < v; ++j)
+          row[j] = roundTo(
+              type, unit * (64.0 + std::clamp(std::round(row[j]), -8.0, 8.0)));
+      } else {
+        // A first half far below the rest: the running maximum starts
+        // below -2^24 and then grows.
+        for (int64_t j = 0; j < v / 2; ++j)
+          row[j] = roundTo(type, row[j] - 1.0e30);
       }
     }
   }
@@ -392,6 +416,10 @@ KernelVariantKey forwardOf(const KernelVariantKey &key) {
 void checkTokenValue(Report &report, const Problem &p, const char *what,
                      int64_t t, double kernel, double ref, bool exactZero) {
   bool ok;
+  // The output is f32: a reference past its range rounds to infinity (the
+  // z-loss of a row of values near 1e30).
+  if (std::fabs(ref) > std::numeric_limits<float>::max())
+    ref = static_cast<float>(ref);
   double tolerance = 1e-5 * std::fmax(1.0, std::fabs(ref));
   if (exactZero)
     ok = kernel == 0.0;

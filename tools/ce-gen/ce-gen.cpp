@@ -135,6 +135,11 @@ cl::opt<unsigned> streamStages(
              "asynchronous copies (NVIDIA; 0: off, else at least 2; default: "
              "the chip's per-op table)"),
     cl::init(0), cl::cat(category));
+cl::opt<bool> flushDenormals(
+    "flush-denormals",
+    cl::desc("GPU kernels flush f32 denormals (results below 2^-126 become "
+             "0; default: the chip's per-op table)"),
+    cl::init(false), cl::cat(category));
 cl::opt<bool> noFuse("no-fuse",
                      cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
@@ -450,6 +455,9 @@ int runGpuCodegen(MLIRContext &context,
   options.chipset = target.chip;
   options.subgroupSize = target.subgroupSize;
   options.asyncCopy = asyncCopy && !target.amd;
+  // AMD has no packed bf16 maximum (gfx9's v_pk_max_f16 is f16 only, with
+  // maxNum semantics).
+  options.packedMax = !target.amd;
   if (streamStages == 1) {
     llvm::errs() << "ce-gen: --stream-stages must be 0 (off) or at least 2\n";
     return 2;
@@ -469,6 +477,8 @@ int runGpuCodegen(MLIRContext &context,
       tuning.rowCacheBytes = rowCache;
     if (streamStages.getNumOccurrences())
       tuning.streamStages = streamStages;
+    if (flushDenormals.getNumOccurrences())
+      tuning.flushDenormals = flushDenormals;
     return tuning;
   };
   std::vector<KernelInfo> kernels;
@@ -490,6 +500,8 @@ int runGpuCodegen(MLIRContext &context,
     func->setAttr("ce.unroll", builder.getI64IntegerAttr(tuning.unroll));
     if (cacheBytes)
       func->setAttr("ce.row_cache_bytes", builder.getI64IntegerAttr(cacheBytes));
+    if (tuning.flushDenormals)
+      func->setAttr("ce.flush_denormals", builder.getUnitAttr());
     bool streamed = tuning.streamStages >= 2 && options.asyncCopy &&
                     (key.op == ::ce::KernelOp::Forward ||
                      key.op == ::ce::KernelOp::ShardStats);

@@ -31,6 +31,9 @@ struct GpuTuning {
   /// Statistics kernels: stream the chunks through a ring of this many
   /// chunks of workgroup memory by asynchronous copies (NVIDIA; 0: off).
   unsigned streamStages = 0;
+  /// Flush f32 denormals (NVIDIA's exponential is then one instruction,
+  /// `ex2.approx.ftz.f32`, instead of four; AMD's drops its scaling).
+  bool flushDenormals = false;
 
   /// Bytes one step of the workgroup covers: 16 bytes x unroll per thread.
   unsigned chunkBytes() const { return 16 * unroll * blockSize; }

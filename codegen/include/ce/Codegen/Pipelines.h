@@ -41,6 +41,10 @@ struct GpuPipelineOptions : public PassPipelineOptions<GpuPipelineOptions> {
       *this, "async-copy",
       llvm::cl::desc("Fill row caches by asynchronous copies (nvvm)"),
       llvm::cl::init(false)};
+  PassOptions::Option<bool> packedMax{
+      *this, "packed-max",
+      llvm::cl::desc("Statistics maxima on packed bf16/f16 values (nvvm)"),
+      llvm::cl::init(false)};
 };
 
 /// ce ops in gpu.func kernels -> workgroup-mapped loops (`--emit=gpu`).

@@ -112,6 +112,10 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     issued before chunk i is reduced, so each thread has chunks in flight
     without holding them in registers.
 
+    With `packed-max`, a statistics step of bf16 or f16 logits takes its
+    maximum on the loaded vectors before they are widened (the maximum of
+    values of the logits' type is one of them, so this is exact).
+
     The last, partial chunk of a row's vector part is one masked step: each
     thread loads its (at most `unroll`) vectors at once, offsets past the
     row clamped to its last vector and their values left out (stores
@@ -149,7 +153,11 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     Option<"asyncCopy", "async-copy", "bool", "false",
            "Fill the row cache by asynchronous global-to-workgroup copies "
            "(nvgpu.device_async_copy, NVIDIA sm_80+), all issued before the "
-           "rest of the row is swept">
+           "rest of the row is swept">,
+    Option<"packedMax", "packed-max", "bool", "false",
+           "Take each statistics step's maximum of bf16/f16 logits on the "
+           "packed values, two per instruction (NVIDIA sm_80+: "
+           "max.NaN.bf16x2 / f16x2), before widening">
   ];
 }
 
