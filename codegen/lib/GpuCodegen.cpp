@@ -31,15 +31,15 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
                      false,
                      32,
                      228 * 1024,
-                     {32, 8, 0, 0, 2, true},
+                     {64, 8, 0, 0, 2, true},
                      {512, 4, 0, 0, 0, true},
                      {256, 4, 0, 48 * 1024, 0, true}};
     // Fused: rows up to 64 KB in four workgroups per SM with 48 KB caches;
-    // up to 128 KB in three with 64 KB; longer rows in one workgroup of
-    // 1024 threads per SM whose 192 KB cache holds most of the row, the
-    // rest re-read from L2.
+    // up to 128 KB in two with 112 KB (the whole row up to 112 KB); longer
+    // rows in one workgroup of 1024 threads per SM whose 192 KB cache holds
+    // most of the row, the rest re-read from L2.
     target.fusedLongerRows = {
-        {64 * 1024, {256, 4, 0, 64 * 1024, 0, true}, "_rows64k"},
+        {64 * 1024, {256, 4, 0, 112 * 1024, 0, true}, "_rows64k"},
         {128 * 1024, {1024, 4, 0, 192 * 1024, 0, true}, "_rows128k"}};
     return target;
   }

@@ -722,6 +722,20 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   return {newMax, newRest};
 }
 
+/// 2^-d for the residual d of a scaled maximum (|d| <= 64): 1 - d ln 2 when
+/// |d| <= 2^-12 (exact to f32 precision, which exp2's approximations near 1
+/// are not), else exp2(-d).
+static Value unscaleOf(RowLoopBuilder &rows, ImplicitLocOpBuilder &b,
+                       Value residual) {
+  Value tiny = arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
+                                     math::AbsFOp::create(b, residual),
+                                     rows.f32(0x1p-12f));
+  return arith::SelectOp::create(
+      b, tiny,
+      math::FmaOp::create(b, residual, rows.f32(-kLn2), rows.f32(1.0f)),
+      math::Exp2Op::create(b, arith::NegFOp::create(b, residual)));
+}
+
 /// The maximum of the elements of the vectors `xs`, as a scalar of their
 /// element type (NaN if any is NaN).
 static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
@@ -797,13 +811,7 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
   Value residual = arith::MaximumFOp::create(
       b, math::FmaOp::create(b, newMax, rows.f32(kLog2E), negScaled),
       rows.f32(-64.0f));
-  Value tiny = arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
-                                     math::AbsFOp::create(b, residual),
-                                     rows.f32(0x1p-12f));
-  Value unscale = arith::SelectOp::create(
-      b, tiny,
-      math::FmaOp::create(b, residual, rows.f32(-kLn2), rows.f32(1.0f)),
-      math::Exp2Op::create(b, arith::NegFOp::create(b, residual)));
+  Value unscale = unscaleOf(rows, b, residual);
   auto [smallTerms, allTerms] =
       sumTerms(rows, b, xs, splat(newMax), splat(negScaled));
   Value maxCount = math::RoundEvenOp::create(
@@ -1013,6 +1021,15 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
+  // With |lse| < 2^24 each exponent is one FMA, x log2 e - fl(lse log2 e):
+  // every p then carries 2^d, d = lse log2 e - fl(lse log2 e) (exact by
+  // FMA, |d| <= 1), taken out of `scale c` once per row (stepRowState does
+  // the same for the statistics). Other rows subtract first.
+  Value negScaledLse = arith::MulFOp::create(b, lse, f32(-kLog2E));
+  Value residual = math::FmaOp::create(b, lse, f32(kLog2E), negScaledLse);
+  Value foldedScaleC =
+      arith::MulFOp::create(b, scaleC, unscaleOf(*this, b, residual));
+  bool fold = false;
   auto gradient = [&](Value x, Type type) -> Value {
     auto splat = [&](Value s) -> Value {
       if (isa<VectorType>(type))
@@ -1020,6 +1037,11 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       return s;
     };
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
+    if (fold) {
+      Value p = math::Exp2Op::create(
+          b, math::FmaOp::create(b, x, f32(kLog2E, type), splat(negScaledLse)));
+      return math::FmaOp::create(b, p, splat(foldedScaleC), splat(negScaleU));
+    }
     Value p = buildExp(arith::SubFOp::create(b, x, splat(lse)));
     return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
@@ -1066,19 +1088,33 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     buildScalarLoops(range, vocab, {}, scalarStep);
   };
   RowRange range = rangeOf(row, vocab);
-  if (!threads.enabled() || grad.memref == row.memref) {
-    sweep(range);
-    return;
-  }
-  // A separate gradient buffer whose rows sit differently against 16-byte
-  // boundaries than the logits' cannot share their vector steps: such rows
-  // take the scalar path.
-  RowRange gradRange = rangeOf(grad, vocab);
-  Value sameHead = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
-                                         range.head, gradRange.head);
+  auto sweepRow = [&] {
+    if (!threads.enabled() || grad.memref == row.memref) {
+      sweep(range);
+      return;
+    }
+    // A separate gradient buffer whose rows sit differently against 16-byte
+    // boundaries than the logits' cannot share their vector steps: such
+    // rows take the scalar path.
+    RowRange gradRange = rangeOf(grad, vocab);
+    Value sameHead = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                           range.head, gradRange.head);
+    buildIf(
+        b, sameHead, [&] { sweep(range); },
+        [&] { buildTailLoop(index(0), vocab, {}, scalarStep); });
+  };
+  // The row's lse is the same in every thread: the branch is uniform.
+  Value usual = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                      math::AbsFOp::create(b, lse),
+                                      f32(kFoldLimit));
   buildIf(
-      b, sameHead, [&] { sweep(range); },
-      [&] { buildTailLoop(index(0), vocab, {}, scalarStep); });
+      b, usual,
+      [&] {
+        fold = true;
+        sweepRow();
+        fold = false;
+      },
+      sweepRow);
 }
 
 void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {

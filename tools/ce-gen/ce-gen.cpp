@@ -540,7 +540,7 @@ int runGpuCodegen(MLIRContext &context,
     if (key.op != ::ce::KernelOp::Fused || overridden)
       continue;
     for (const GpuTarget::LongerRows &rows : target.fusedLongerRows)
-      if (failed(emit(key, name + rows.suffix, rows.tuning,
+      if (failed(emit(key, name + rows.suffix, tuningOf(rows.tuning),
                       rows.minRowBytes / elementBytes(key.logits) + 1)))
         return 2;
   }
