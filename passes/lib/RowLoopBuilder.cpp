@@ -1021,15 +1021,6 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
-  // With |lse| < 2^24 each exponent is one FMA, x log2 e - fl(lse log2 e):
-  // every p then carries 2^d, d = lse log2 e - fl(lse log2 e) (exact by
-  // FMA, |d| <= 1), taken out of `scale c` once per row (stepRowState does
-  // the same for the statistics). Other rows subtract first.
-  Value negScaledLse = arith::MulFOp::create(b, lse, f32(-kLog2E));
-  Value residual = math::FmaOp::create(b, lse, f32(kLog2E), negScaledLse);
-  Value foldedScaleC =
-      arith::MulFOp::create(b, scaleC, unscaleOf(*this, b, residual));
-  bool fold = false;
   auto gradient = [&](Value x, Type type) -> Value {
     auto splat = [&](Value s) -> Value {
       if (isa<VectorType>(type))
@@ -1037,11 +1028,6 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       return s;
     };
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
-    if (fold) {
-      Value p = math::Exp2Op::create(
-          b, math::FmaOp::create(b, x, f32(kLog2E, type), splat(negScaledLse)));
-      return math::FmaOp::create(b, p, splat(foldedScaleC), splat(negScaleU));
-    }
     Value p = buildExp(arith::SubFOp::create(b, x, splat(lse)));
     return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
@@ -1088,33 +1074,19 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
     buildScalarLoops(range, vocab, {}, scalarStep);
   };
   RowRange range = rangeOf(row, vocab);
-  auto sweepRow = [&] {
-    if (!threads.enabled() || grad.memref == row.memref) {
-      sweep(range);
-      return;
-    }
-    // A separate gradient buffer whose rows sit differently against 16-byte
-    // boundaries than the logits' cannot share their vector steps: such
-    // rows take the scalar path.
-    RowRange gradRange = rangeOf(grad, vocab);
-    Value sameHead = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
-                                           range.head, gradRange.head);
-    buildIf(
-        b, sameHead, [&] { sweep(range); },
-        [&] { buildTailLoop(index(0), vocab, {}, scalarStep); });
-  };
-  // The row's lse is the same in every thread: the branch is uniform.
-  Value usual = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
-                                      math::AbsFOp::create(b, lse),
-                                      f32(kFoldLimit));
+  if (!threads.enabled() || grad.memref == row.memref) {
+    sweep(range);
+    return;
+  }
+  // A separate gradient buffer whose rows sit differently against 16-byte
+  // boundaries than the logits' cannot share their vector steps: such rows
+  // take the scalar path.
+  RowRange gradRange = rangeOf(grad, vocab);
+  Value sameHead = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                         range.head, gradRange.head);
   buildIf(
-      b, usual,
-      [&] {
-        fold = true;
-        sweepRow();
-        fold = false;
-      },
-      sweepRow);
+      b, sameHead, [&] { sweep(range); },
+      [&] { buildTailLoop(index(0), vocab, {}, scalarStep); });
 }
 
 void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
