@@ -4,6 +4,8 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/LLVMIR/LLVMDialect.h"
+#include "mlir/Dialect/LLVMIR/NVVMDialect.h"
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/NVGPU/IR/NVGPUDialect.h"
@@ -252,6 +254,16 @@ Value RowLoopBuilder::threadOffsetOf() {
   return arith::MulIOp::create(b, threads.threadId, index(vectorWidth));
 }
 
+int64_t RowLoopBuilder::cacheChunks() const {
+  return cast<MemRefType>(threads.rowCache.getType()).getNumElements() /
+         chunkSize();
+}
+
+void RowLoopBuilder::commitCopies() {
+  nvgpu::DeviceAsyncCreateGroupOp::create(
+      b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
+}
+
 void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
                                       const CacheSplit &split) {
   auto copy = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange) {
@@ -260,8 +272,59 @@ void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
     }
     return SmallVector<Value>();
   };
-  buildChunkLoop(range.head, split.chunksEnd, {}, copy, false);
+  // One group per chunk of the cache (empty ones for chunks past the row),
+  // then the remainder's: cacheChunks() + 1 groups in all, so the sweep can
+  // wait for chunk i alone (buildStatisticsSweep).
+  buildChunkLoop(range.head, split.chunksEnd, {},
+                 [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                     ValueRange state) {
+                   copy(offsets, valid, state);
+                   commitCopies();
+                   return SmallVector<Value>();
+                 },
+                 false);
+  Value copied = arith::DivUIOp::create(
+      b, arith::SubIOp::create(b, split.chunksEnd, range.head),
+      index(chunkSize()));
+  buildForLoop(b, copied, index(cacheChunks()), index(1), {},
+               [&](Value, ValueRange) {
+                 commitCopies();
+                 return SmallVector<Value>();
+               });
   buildSplitRemainder(range, split, {}, copy, {});
+  commitCopies();
+}
+
+void RowLoopBuilder::prefetchToL2(const RowRef &row, Value begin, Value end) {
+  // One bulk prefetch of [begin, end) (16-byte aligned whole vectors) by
+  // thread 0.
+  auto type = cast<MemRefType>(row.memref.getType());
+  int64_t bytes = type.getElementTypeBitWidth() / 8;
+  Value first = threads.threadId
+                    ? arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                            threads.threadId, index(0))
+                    : Value();
+  Value nonEmpty =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ult, begin, end);
+  buildIf(b, arith::AndIOp::create(b, first, nonEmpty), [&] {
+    auto metadata = memref::ExtractStridedMetadataOp::create(b, row.memref);
+    Value start = arith::AddIOp::create(b, metadata.getOffset(), begin);
+    for (auto [i, prefix] : llvm::enumerate(row.prefix))
+      start = arith::AddIOp::create(
+          b, start, arith::MulIOp::create(b, prefix, metadata.getStrides()[i]));
+    Value address = arith::AddIOp::create(
+        b, memref::ExtractAlignedPointerAsIndexOp::create(b, row.memref),
+        arith::MulIOp::create(b, start, index(bytes)));
+    Value size = arith::IndexCastUIOp::create(
+        b, b.getI32Type(),
+        arith::MulIOp::create(b, arith::SubIOp::create(b, end, begin),
+                              index(bytes)));
+    Value pointer = LLVM::IntToPtrOp::create(
+        b, LLVM::LLVMPointerType::get(b.getContext(), 1),
+        arith::IndexCastUIOp::create(b, b.getI64Type(), address).getResult(),
+        LLVM::DereferenceableAttr());
+    NVVM::CpAsyncBulkPrefetchOp::create(b, pointer, size, Value());
+  });
 }
 
 Value RowLoopBuilder::cacheSlot(const RowRange &range, Value index) {
@@ -957,18 +1020,35 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   } else if (!split) {
     lanes = buildVectorLoops(range, inits, fromGlobal);
   } else if (threads.asyncCopy) {
-    // Every cached vector is requested up front; the rest of the row is
-    // swept while the copies land, then the cached part.
+    // Every cached vector is requested up front, a group per chunk, and
+    // the rest of the row is prefetched into L2; each cached chunk is
+    // reduced as soon as its own group has landed (the later ones still in
+    // flight), then the rest of the row, from L2.
     buildCacheCopies(row, range, split);
-    Value copies = nvgpu::DeviceAsyncCreateGroupOp::create(
-        b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
-    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, inits, fromGlobal,
+    Value uncachedEnd = arith::SelectOp::create(b, split.remainder,
+                                                range.mainEnd, range.vectorEnd);
+    prefetchToL2(row, split.chunksEnd, uncachedEnd);
+    // Chunk i's group is complete once at most cacheChunks() + 1 groups are
+    // pending after one more (empty) group is committed: the groups of
+    // chunks i + 1.., the remainder's, and the i + 1 empty ones.
+    auto token = [&] {
+      return nvgpu::DeviceAsyncCreateGroupOp::create(
+          b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
+    };
+    int32_t behind = static_cast<int32_t>(cacheChunks()) + 1;
+    lanes = buildChunkLoop(
+        range.head, split.chunksEnd, inits,
+        [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange state) {
+          nvgpu::DeviceAsyncWaitOp::create(b, token(),
+                                           b.getI32IntegerAttr(behind));
+          return fromCache(offsets, valid, state);
+        },
+        false);
+    nvgpu::DeviceAsyncWaitOp::create(b, token(), IntegerAttr());
+    lanes = buildSplitRemainder(range, split, lanes, fromCache, {});
+    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,
                            false);
     lanes = buildSplitRemainder(range, split, lanes, {}, fromGlobal);
-    nvgpu::DeviceAsyncWaitOp::create(b, copies, IntegerAttr());
-    lanes = buildChunkLoop(range.head, split.chunksEnd, lanes, fromCache,
-                           false);
-    lanes = buildSplitRemainder(range, split, lanes, fromCache, {});
   } else {
     lanes = buildChunkLoop(range.head, split.chunksEnd, inits, toCache, false);
     lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,

@@ -180,9 +180,18 @@ private:
     explicit operator bool() const { return static_cast<bool>(chunksEnd); }
   };
   CacheSplit cacheSplitOf(const RowRange &range);
-  /// Asynchronous copies of the row's cached vectors into the row cache.
+  /// Asynchronous copies of the row's cached vectors into the row cache, a
+  /// group per chunk of the cache (cacheChunks(), empty past the row), then
+  /// one for the remainder.
   void buildCacheCopies(const RowRef &row, const RowRange &range,
                         const CacheSplit &split);
+  /// Whole chunks the row cache holds.
+  int64_t cacheChunks() const;
+  /// Closes the asynchronous copies issued so far into a group.
+  void commitCopies();
+  /// Thread 0 starts a bulk prefetch of the vectors [begin, end) of `row`
+  /// into L2 (NVIDIA sm_90).
+  void prefetchToL2(const RowRef &row, Value begin, Value end);
   /// The vectors left after the chunks: `cached` when the split's
   /// remainder is in the cache, else `uncached` (either may be null: that
   /// case passes `state` through).
