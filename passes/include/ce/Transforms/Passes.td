@@ -103,8 +103,10 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     twice. Each thread reads back only the vectors it stored itself. With
     `async-copy`, the statistics sweep first issues the cached chunks as
     asynchronous copies into that memory (all in flight at once, no
-    registers held), sweeps the rest of the row from global memory, waits
-    for its copies, and then sweeps the cached chunks from workgroup memory.
+    registers held, a group per chunk), has thread 0 prefetch the rest of
+    the row into L2 (`nvvm.cp.async.bulk.prefetch`), reduces each cached
+    chunk as soon as its own group has landed, and sweeps the rest of the
+    row last.
 
     A forward or shard_stats kernel with `ce.stream_stages = S` (S >= 2,
     and `async-copy`) streams its chunks through a ring of S chunks of
