@@ -41,6 +41,10 @@ std::optional<GpuTarget> GpuTarget::lookup(StringRef chip) {
     target.fusedLongerRows = {
         {64 * 1024, {256, 4, 0, 112 * 1024, 0, true}, "_rows64k"},
         {128 * 1024, {1024, 4, 0, 192 * 1024, 0, true}, "_rows128k"}};
+    // Backward: rows past 128 KB in 1024 threads (2-3 % faster than 512 at
+    // V >= 128k, slower at V <= 50k; PERFORMANCE.md run 7).
+    target.gradientLongerRows = {
+        {128 * 1024, {1024, 4, 0, 0, 0, true}, "_rows128k"}};
     return target;
   }
   if (chip == "gfx942" || chip == "gfx90a")
@@ -71,6 +75,20 @@ unsigned GpuTarget::maxSharedBytesPerWorkgroup() const {
   // The CUDA driver keeps 1 KB of each SM's shared memory per block; the
   // workgroup's own static slots (at most 384 bytes) come on top.
   return sharedBytesPerSM - (amd ? 1024 : 2048);
+}
+
+ArrayRef<GpuTarget::LongerRows>
+GpuTarget::longerRowsFor(::ce::KernelOp op) const {
+  switch (op) {
+  case ::ce::KernelOp::Fused:
+    return fusedLongerRows;
+  case ::ce::KernelOp::Backward:
+    return gradientLongerRows;
+  case ::ce::KernelOp::Forward:
+  case ::ce::KernelOp::ShardStats:
+    return {};
+  }
+  return {};
 }
 
 GpuTuning GpuTarget::tuningFor(::ce::KernelOp op) const {

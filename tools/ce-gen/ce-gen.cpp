@@ -537,9 +537,9 @@ int runGpuCodegen(MLIRContext &context,
       return 2;
     // Longer rows get kernels of their own (the table's; not when the
     // command line sets the tuning).
-    if (key.op != ::ce::KernelOp::Fused || overridden)
+    if (overridden)
       continue;
-    for (const GpuTarget::LongerRows &rows : target.fusedLongerRows)
+    for (const GpuTarget::LongerRows &rows : target.longerRowsFor(key.op))
       if (failed(emit(key, name + rows.suffix, tuningOf(rows.tuning),
                       rows.minRowBytes / elementBytes(key.logits) + 1)))
         return 2;

@@ -49,20 +49,23 @@ struct GpuTarget {
   GpuTuning statistics;  ///< forward and shard_stats: one sweep, no writes
   GpuTuning gradient;    ///< backward: read and write
   GpuTuning fused;       ///< fused: two sweeps of a row
-  /// Further fused kernels per variant, each for rows of more than
-  /// `minRowBytes` (increasing), which the runtime picks by the row's
-  /// length; `fused` serves the rows shorter than the first.
+  /// Further kernels per variant, each for rows of more than `minRowBytes`
+  /// (increasing), which the runtime picks by the row's length; the op's
+  /// tuning serves the rows shorter than the first.
   struct LongerRows {
     unsigned minRowBytes;
     GpuTuning tuning;
     const char *suffix; ///< of the kernel's symbol
   };
   std::vector<LongerRows> fusedLongerRows;
+  std::vector<LongerRows> gradientLongerRows; ///< backward
 
   /// The target named `chip`, or nothing for an unknown chip.
   static std::optional<GpuTarget> lookup(StringRef chip);
   /// The default tuning of kernels of `op` on this chip.
   GpuTuning tuningFor(::ce::KernelOp op) const;
+  /// The further kernels of `op` for longer rows (none for most ops).
+  ArrayRef<LongerRows> longerRowsFor(::ce::KernelOp op) const;
   /// Dynamic shared memory that lets at most `rowsPerSM` workgroups share
   /// an SM (0 for no cap).
   unsigned ldsBytesFor(unsigned rowsPerSM) const;
