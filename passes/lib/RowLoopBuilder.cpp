@@ -809,27 +809,6 @@ static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
                                      tileMax);
 }
 
-/// The end of a main-sweep step (stepRowState): rest' = (rest + moved)
-/// rescale + small + (count - moved), the scalar parts on lane 0; `moved` is
-/// the old implicit 1 when the maximum grew (`grew`).
-static std::pair<Value, Value>
-finishRowStep(RowLoopBuilder &rows, ImplicitLocOpBuilder &b, Value newMax,
-              Value rest, Value grew, Value rescale, Value smallTerms,
-              Value maxCount) {
-  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
-  Value adjust = arith::AddFOp::create(
-      b, arith::MulFOp::create(b, moved, rescale),
-      arith::SubFOp::create(b, maxCount, moved));
-  Value newRest = math::FmaOp::create(
-      b, rest, vector::BroadcastOp::create(b, rest.getType(), rescale),
-      smallTerms);
-  Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
-  newRest = vector::InsertOp::create(
-      b, arith::AddFOp::create(b, lane0, adjust), newRest,
-      ArrayRef<int64_t>{0});
-  return {newMax, newRest};
-}
-
 /// The main sweep's step: one maximum per thread (a scalar) and the rest as
 /// a vector of partial sums (`S = 1 + sum of its lanes`), so that the
 /// bookkeeping of a step (new maximum, rescale, the maxima's count) is done
@@ -844,12 +823,11 @@ finishRowStep(RowLoopBuilder &rows, ImplicitLocOpBuilder &b, Value newMax,
 /// terms; it is either rescaled to 0 by a later, larger maximum or it is the
 /// row's maximum, and buildStatistics sweeps a row whose maximum is not below
 /// 2^24 in magnitude again with exact subtractions.
-/// `foldScale` false: `(x - max) log2 e` as in stepState.
 /// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
 static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                                             ImplicitLocOpBuilder &b, Value max,
                                             Value rest, ArrayRef<Value> xs,
-                                            Value stepMax, bool foldScale) {
+                                            Value stepMax) {
   auto type = cast<VectorType>(rest.getType());
   auto splat = [&](Value scalar) -> Value {
     return vector::BroadcastOp::create(b, type, scalar);
@@ -859,15 +837,6 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
   Value newMax = arith::MaximumFOp::create(b, max, stepMax);
   Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
-  if (!foldScale) {
-    auto [smallTerms, allTerms] = sumTerms(rows, b, xs, splat(newMax));
-    Value maxCount = math::RoundEvenOp::create(
-        b, vector::ReductionOp::create(
-               b, vector::CombiningKind::ADD,
-               arith::SubFOp::create(b, allTerms, smallTerms)));
-    return finishRowStep(rows, b, newMax, rest, grew, rescale, smallTerms,
-                         maxCount);
-  }
   Value negScaled = arith::MinimumFOp::create(
       b, arith::MulFOp::create(b, newMax, rows.f32(-kLog2E)),
       rows.f32(kMaxNegScaledMax));
@@ -884,9 +853,21 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                  b, vector::CombiningKind::ADD,
                  arith::SubFOp::create(b, allTerms, smallTerms)),
              unscale));
-  return finishRowStep(rows, b, newMax, rest, grew, rescale,
-                       arith::MulFOp::create(b, smallTerms, splat(unscale)),
-                       maxCount);
+  // rest' = (rest + moved) rescale + small 2^-d + (count - moved), the
+  // scalar parts on lane 0; `moved` is the old implicit 1 when the maximum
+  // grew.
+  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
+  Value adjust = arith::AddFOp::create(
+      b, arith::MulFOp::create(b, moved, rescale),
+      arith::SubFOp::create(b, maxCount, moved));
+  Value newRest = math::FmaOp::create(
+      b, rest, splat(rescale),
+      arith::MulFOp::create(b, smallTerms, splat(unscale)));
+  Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
+  newRest = vector::InsertOp::create(
+      b, arith::AddFOp::create(b, lane0, adjust), newRest,
+      ArrayRef<int64_t>{0});
+  return {newMax, newRest};
 }
 
 std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
@@ -910,11 +891,13 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum) {
-  RowStats stats = buildStatisticsSweep(row, vocab, withSum, true);
+  RowStats stats = buildStatisticsSweep(row, vocab, withSum);
   // Outside |max| < 2^24 the folded exponents are unusable (stepRowState):
   // such a row (and an all -inf, infinite or NaN one) is swept again from
-  // global memory with exact subtractions. Every thread has the same max, so
-  // the branch is uniform.
+  // global memory with exact subtractions, one element per thread and step
+  // (no real logits take this path; a scalar loop keeps its registers out of
+  // the way of the main sweep's). Every thread has the same max, so the
+  // branch is uniform.
   Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
                                         math::AbsFOp::create(b, stats.max),
                                         f32(kFoldLimit));
@@ -928,18 +911,32 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   SmallVector<Value> values = buildIfYield(
       b, unusual, types,
       [&] {
-        RowThreads plain = threads;
-        plain.rowCache = plain.streamRing = Value();
-        plain.asyncCopy = false;
-        RowLoopBuilder exact(b, vectorWidth, unroll, plain);
-        return valuesOf(exact.buildStatisticsSweep(row, vocab, withSum, false));
+        SmallVector<Value> inits = {f32(kNoMax), f32(-1.0f)};
+        if (withSum)
+          inits.push_back(f32(0.0f));
+        scf::ForOp loop = buildTailLoop(
+            index(0), vocab, inits,
+            [&](Value j, ValueRange state) -> SmallVector<Value> {
+              Value x = loadElement(row, j);
+              auto [max, rest] = stepState(*this, b, state[0], state[1], {x});
+              SmallVector<Value> next = {max, rest};
+              if (withSum)
+                next.push_back(arith::AddFOp::create(b, state[2], x));
+              return next;
+            });
+        RowStats exact;
+        std::tie(exact.max, exact.rest) =
+            allReduceState(loop.getResult(0), loop.getResult(1));
+        if (withSum)
+          exact.sum = allReduceSum(loop.getResult(2));
+        return valuesOf(exact);
       },
       [&] { return valuesOf(stats); });
   return {values[0], values[1], withSum ? values[2] : Value()};
 }
 
 RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
-                                              bool withSum, bool foldScale) {
+                                              bool withSum) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
@@ -993,7 +990,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       xs.push_back(x);
     }
     auto [max, rest] =
-        stepRowState(*this, b, state[0], state[1], xs, stepMax, foldScale);
+        stepRowState(*this, b, state[0], state[1], xs, stepMax);
     SmallVector<Value> next = {max, rest};
     if (withSum) {
       Value tileSum = sumXs.front();

@@ -128,10 +128,9 @@ public:
   Value index(int64_t value);
 
 private:
-  /// buildStatistics' sweep; `foldScale`: each exponent one FMA (valid for
-  /// rows whose maximum is below 2^24 in magnitude).
-  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum,
-                                bool foldScale);
+  /// buildStatistics' main sweep, each exponent one FMA (valid for rows
+  /// whose maximum is below 2^24 in magnitude).
+  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
