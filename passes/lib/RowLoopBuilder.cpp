@@ -298,12 +298,11 @@ void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
 void RowLoopBuilder::prefetchToL2(const RowRef &row, Value begin, Value end) {
   // One bulk prefetch of [begin, end) (16-byte aligned whole vectors) by
   // thread 0.
+  assert(threads.enabled() && "a GPU-only prefetch");
   auto type = cast<MemRefType>(row.memref.getType());
   int64_t bytes = type.getElementTypeBitWidth() / 8;
-  Value first = threads.threadId
-                    ? arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
-                                            threads.threadId, index(0))
-                    : Value();
+  Value first = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                      threads.threadId, index(0));
   Value nonEmpty =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ult, begin, end);
   buildIf(b, arith::AndIOp::create(b, first, nonEmpty), [&] {
@@ -962,14 +961,16 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     // The step's maximum on the packed values (exact: it is one of them).
     Value stepMax;
     auto rawType = cast<VectorType>(raws.front().getType());
-    if (threads.packedMax && rawType.getElementType().getIntOrFloatBitWidth() == 16) {
+    if (threads.packedMax &&
+        rawType.getElementType().getIntOrFloatBitWidth() == 16) {
       SmallVector<Value, 8> maskedRaws(raws);
       if (!valid.empty()) {
         Value noValue = arith::ConstantOp::create(
             b, DenseElementsAttr::get(
                    rawType, b.getFloatAttr(rawType.getElementType(), -kInf)));
-        for (auto [k, raw] : llvm::enumerate(maskedRaws))
-          raw = arith::SelectOp::create(b, valid[k], raw, noValue);
+        for (size_t k = 0; k < maskedRaws.size(); ++k)
+          maskedRaws[k] =
+              arith::SelectOp::create(b, valid[k], maskedRaws[k], noValue);
       }
       stepMax = arith::ExtFOp::create(b, b.getF32Type(),
                                       maximumOf(b, maskedRaws));
