@@ -259,9 +259,24 @@ int64_t RowLoopBuilder::cacheChunks() const {
          chunkSize();
 }
 
-void RowLoopBuilder::commitCopies() {
-  nvgpu::DeviceAsyncCreateGroupOp::create(
+Value RowLoopBuilder::commitCopies() {
+  return nvgpu::DeviceAsyncCreateGroupOp::create(
       b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
+}
+
+int64_t RowLoopBuilder::elementBytes(const RowRef &row) {
+  return cast<MemRefType>(row.memref.getType()).getElementTypeBitWidth() / 8;
+}
+
+Value RowLoopBuilder::addressOf(const RowRef &row, Value index) {
+  auto metadata = memref::ExtractStridedMetadataOp::create(b, row.memref);
+  Value start = arith::AddIOp::create(b, metadata.getOffset(), index);
+  for (auto [i, prefix] : llvm::enumerate(row.prefix))
+    start = arith::AddIOp::create(
+        b, start, arith::MulIOp::create(b, prefix, metadata.getStrides()[i]));
+  Value base = memref::ExtractAlignedPointerAsIndexOp::create(b, row.memref);
+  return arith::AddIOp::create(
+      b, base, arith::MulIOp::create(b, start, this->index(elementBytes(row))));
 }
 
 void RowLoopBuilder::buildCacheCopies(const RowRef &row, const RowRange &range,
@@ -299,25 +314,16 @@ void RowLoopBuilder::prefetchToL2(const RowRef &row, Value begin, Value end) {
   // One bulk prefetch of [begin, end) (16-byte aligned whole vectors) by
   // thread 0.
   assert(threads.enabled() && "a GPU-only prefetch");
-  auto type = cast<MemRefType>(row.memref.getType());
-  int64_t bytes = type.getElementTypeBitWidth() / 8;
   Value first = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
                                       threads.threadId, index(0));
   Value nonEmpty =
       arith::CmpIOp::create(b, arith::CmpIPredicate::ult, begin, end);
   buildIf(b, arith::AndIOp::create(b, first, nonEmpty), [&] {
-    auto metadata = memref::ExtractStridedMetadataOp::create(b, row.memref);
-    Value start = arith::AddIOp::create(b, metadata.getOffset(), begin);
-    for (auto [i, prefix] : llvm::enumerate(row.prefix))
-      start = arith::AddIOp::create(
-          b, start, arith::MulIOp::create(b, prefix, metadata.getStrides()[i]));
-    Value address = arith::AddIOp::create(
-        b, memref::ExtractAlignedPointerAsIndexOp::create(b, row.memref),
-        arith::MulIOp::create(b, start, index(bytes)));
+    Value address = addressOf(row, begin);
     Value size = arith::IndexCastUIOp::create(
         b, b.getI32Type(),
         arith::MulIOp::create(b, arith::SubIOp::create(b, end, begin),
-                              index(bytes)));
+                              index(elementBytes(row))));
     Value pointer = LLVM::IntToPtrOp::create(
         b, LLVM::LLVMPointerType::get(b.getContext(), 1),
         arith::IndexCastUIOp::create(b, b.getI64Type(), address).getResult(),
@@ -481,16 +487,8 @@ RowRange RowLoopBuilder::rangeOf(const RowRef &row, Value vocab) {
   if (threads.enabled()) {
     // Elements before the row's first 16-byte boundary go to the scalar
     // loops, so every vector access is aligned (rows of odd V, views).
-    auto type = cast<MemRefType>(row.memref.getType());
-    int64_t bytes = type.getElementTypeBitWidth() / 8;
-    auto metadata = memref::ExtractStridedMetadataOp::create(b, row.memref);
-    Value start = metadata.getOffset();
-    for (auto [i, prefix] : llvm::enumerate(row.prefix))
-      start = arith::AddIOp::create(
-          b, start, arith::MulIOp::create(b, prefix, metadata.getStrides()[i]));
-    Value base = memref::ExtractAlignedPointerAsIndexOp::create(b, row.memref);
-    Value address = arith::AddIOp::create(
-        b, base, arith::MulIOp::create(b, start, index(bytes)));
+    int64_t bytes = elementBytes(row);
+    Value address = addressOf(row, index(0));
     Value misaligned = arith::DivUIOp::create(
         b, arith::RemUIOp::create(b, address, index(16)), index(bytes));
     Value lanes = index(16 / bytes);
@@ -1029,20 +1027,16 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     // Chunk i's group is complete once at most cacheChunks() + 1 groups are
     // pending after one more (empty) group is committed: the groups of
     // chunks i + 1.., the remainder's, and the i + 1 empty ones.
-    auto token = [&] {
-      return nvgpu::DeviceAsyncCreateGroupOp::create(
-          b, nvgpu::DeviceAsyncTokenType::get(b.getContext()), ValueRange{});
-    };
     int32_t behind = static_cast<int32_t>(cacheChunks()) + 1;
     lanes = buildChunkLoop(
         range.head, split.chunksEnd, inits,
         [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange state) {
-          nvgpu::DeviceAsyncWaitOp::create(b, token(),
+          nvgpu::DeviceAsyncWaitOp::create(b, commitCopies(),
                                            b.getI32IntegerAttr(behind));
           return fromCache(offsets, valid, state);
         },
         false);
-    nvgpu::DeviceAsyncWaitOp::create(b, token(), IntegerAttr());
+    nvgpu::DeviceAsyncWaitOp::create(b, commitCopies(), IntegerAttr());
     lanes = buildSplitRemainder(range, split, lanes, fromCache, {});
     lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,
                            false);

@@ -186,8 +186,14 @@ private:
                         const CacheSplit &split);
   /// Whole chunks the row cache holds.
   int64_t cacheChunks() const;
-  /// Closes the asynchronous copies issued so far into a group.
-  void commitCopies();
+  /// Closes the asynchronous copies issued so far into a group (an empty
+  /// one if there are none); returns its token.
+  Value commitCopies();
+  /// Bytes per element of `row`'s logits.
+  static int64_t elementBytes(const RowRef &row);
+  /// The byte address of element `index` of `row` (from the buffer's
+  /// aligned pointer, offset and strides).
+  Value addressOf(const RowRef &row, Value index);
   /// Thread 0 starts a bulk prefetch of the vectors [begin, end) of `row`
   /// into L2 (NVIDIA sm_90).
   void prefetchToL2(const RowRef &row, Value begin, Value end);
