@@ -41,7 +41,7 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
     }
   }
   llvm::json::Object manifest{{"format", "cegen-bundle"},
-                              {"version", 1},
+                              {"version", 2},
                               {"generator", "ce-gen 0.1.0"},
                               {"objects", std::move(objectList)},
                               {"kernels", std::move(kernelList)}};

@@ -14,6 +14,10 @@ using ::ce::KernelVariantKey;
 using ::ce::LabelLayout;
 using ::ce::WeightsKind;
 
+static_assert(static_cast<int64_t>(kFlagMegatronLabels) ==
+                  static_cast<int64_t>(::ce::kFlagMegatronLabels),
+              "the dialect's and the bundle ABI's flag bits must agree");
+
 static Type toMlirType(Builder &b, ElemType type) {
   switch (type) {
   case ElemType::BF16:
@@ -121,13 +125,15 @@ static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
     break;
   }
   argTypes.push_back(statusType);
+  argTypes.push_back(b.getI64Type()); // flags, passed by value
   return argTypes;
 }
 
 /// Builds the ce op of `key` over the kernel's arguments at `b`.
 static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                           const KernelVariantKey &key) {
-  Value logits = args[0], labels = args[1], status = args.back();
+  Value logits = args[0], labels = args[1];
+  Value status = args[args.size() - 2], flags = args.back();
   auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
   IntegerAttr ignore =
       key.ignoreIndex ? b.getI64IntegerAttr(*key.ignoreIndex) : IntegerAttr();
@@ -140,22 +146,22 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                 : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
-    ForwardOp::create(b, loc, logits, labels, args[2], args[3], status, layout,
-                      ignore, smoothing, zLoss, shard);
+    ForwardOp::create(b, loc, logits, labels, args[2], args[3], status, flags,
+                      layout, ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
-    ShardStatsOp::create(b, loc, logits, labels, args[2], status, layout,
+    ShardStatsOp::create(b, loc, logits, labels, args[2], status, flags, layout,
                          ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
     BackwardOp::create(b, loc, logits, labels, args[2], args[3],
-                       key.overwrite ? logits : args[4], status, layout,
+                       key.overwrite ? logits : args[4], status, flags, layout,
                        ignore, smoothing, zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
     FusedOp::create(b, loc, logits, labels, args[2], args[3], args[4],
-                    key.overwrite ? logits : args[5], status, layout, ignore,
-                    smoothing, zLoss, shard, overwrite);
+                    key.overwrite ? logits : args[5], status, flags, layout,
+                    ignore, smoothing, zLoss, shard, overwrite);
     break;
   }
 }
@@ -215,12 +221,15 @@ public:
       if (role.empty())
         return func.emitError("argument #")
                << i << " does not feed the ce op directly";
-      auto type = cast<MemRefType>(func.getArgumentTypes()[i]);
-      FailureOr<ElemType> element = fromMlirType(type.getElementType());
+      Type type = func.getArgumentTypes()[i];
+      // A scalar (the flags) is passed by value; the manifest gives rank 0.
+      auto memref = dyn_cast<MemRefType>(type);
+      Type elementType = memref ? memref.getElementType() : type;
+      FailureOr<ElemType> element = fromMlirType(elementType);
       if (failed(element))
-        return func.emitError("unsupported element type ")
-               << type.getElementType();
-      args.push_back({role, type.getRank(), ::ce::stringify(*element)});
+        return func.emitError("unsupported element type ") << elementType;
+      args.push_back(
+          {role, memref ? memref.getRank() : 0, ::ce::stringify(*element)});
     }
     return args;
   }
@@ -265,18 +274,24 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
       return failure();
     return success();
   };
+  // Optional: a kernel without run-time flags serves requests with none.
+  auto addFlags = [&](auto op) -> LogicalResult {
+    return op.getFlags() ? roles.add("flags", op.getFlags()) : success();
+  };
   LogicalResult result = success();
   if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
     key.op = KernelOp::Forward;
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add("loss", op.getLoss())) &&
         succeeded(roles.add("lse", op.getLse())) &&
-        succeeded(roles.add("status", op.getStatus())));
+        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add("stats", op.getStats())) &&
-        succeeded(roles.add("status", op.getStatus())));
+        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;
     key.overwrite = op.getOverwriteInput();
@@ -284,7 +299,8 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(common(op)) && succeeded(roles.add("lse", op.getLse())) &&
         succeeded(roles.add("grad_loss", op.getGradLoss())) &&
         succeeded(roles.add("grad", op.getGrad())) &&
-        succeeded(roles.add("status", op.getStatus())));
+        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
     key.op = KernelOp::Fused;
     key.overwrite = op.getOverwriteInput();
@@ -297,7 +313,8 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add("loss", op.getLoss())) &&
         succeeded(roles.add("lse", op.getLse())) &&
         succeeded(roles.add("grad", op.getGrad())) &&
-        succeeded(roles.add("status", op.getStatus())));
+        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(addFlags(op)));
   }
   if (failed(result))
     return failure();

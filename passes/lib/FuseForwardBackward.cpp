@@ -65,6 +65,8 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
   if (!sameConfig(fwd, bwd))
     return "forward and backward differ in layout, ignore_index, smoothing, "
            "z-loss or shard";
+  if (fwd.getFlags() != bwd.getFlags())
+    return "forward and backward take different run-time flags";
   if (fwd->getBlock() != bwd->getBlock())
     return "forward and backward are in different blocks";
   Value gradLoss = bwd.getGradLoss();
@@ -119,10 +121,10 @@ struct CEFuseForwardBackwardPass
       Value status = fwd.getStatus() ? fwd.getStatus() : bwd.getStatus();
       FusedOp::create(builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
                       bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(),
-                      bwd.getGrad(), status, fwd.getLayoutAttr(),
-                      fwd.getIgnoreIndexAttr(), fwd.getLabelSmoothingAttr(),
-                      fwd.getZLossAttr(), fwd.getShardAttr(),
-                      bwd.getOverwriteInputAttr());
+                      bwd.getGrad(), status, fwd.getFlags(),
+                      fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
+                      fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(),
+                      fwd.getShardAttr(), bwd.getOverwriteInputAttr());
       bwd.erase();
       fwd.erase();
     }

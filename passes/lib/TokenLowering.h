@@ -33,6 +33,7 @@ struct OpConfig {
   float zLoss;
   ShardAttr shard; ///< null unless the logits are a vocabulary slice
   Value status;
+  Value flags; ///< i64 run-time flags (RuntimeFlag), or null for none
 
   template <typename OpT>
   static OpConfig get(OpT op) {
@@ -44,6 +45,7 @@ struct OpConfig {
     config.zLoss = op.getZLoss().convertToFloat();
     config.shard = op.getShardAttr();
     config.status = op.getStatus();
+    config.flags = op.getFlags();
     return config;
   }
 };
@@ -60,6 +62,7 @@ struct Token {
 struct LabelInfo {
   Value label;   ///< i64, a global id when sharded
   Value valid;   ///< i1: 0 <= label < V (the global vocabulary when sharded)
+  Value accepted; ///< i1: valid, or out of range under Megatron's contract
   Value ignored; ///< i1: label == ignore_index (false without one)
   Value column;  ///< i64: the label's column in the local row
   Value inRow;   ///< i1: 0 <= column < V_local (== valid unless sharded)
@@ -162,6 +165,16 @@ public:
       info.column = label;
       info.inRow = info.valid;
     }
+    info.accepted = info.valid;
+    if (config.flags) {
+      Value bit =
+          arith::ConstantIntOp::create(b, b.getI64Type(), kFlagMegatronLabels);
+      Value megatron = arith::CmpIOp::create(
+          b, arith::CmpIPredicate::ne,
+          arith::AndIOp::create(b, config.flags, bit),
+          arith::ConstantIntOp::create(b, b.getI64Type(), 0));
+      info.accepted = arith::OrIOp::create(b, info.valid, megatron);
+    }
     if (config.ignoreIndex) {
       Value ignore =
           arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
@@ -185,9 +198,9 @@ public:
     if (config.status) {
       Value notIgnored = arith::XOrIOp::create(
           b, info.ignored, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
-      Value notValid = arith::XOrIOp::create(
-          b, info.valid, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
-      Value bad = arith::AndIOp::create(b, notIgnored, notValid);
+      Value notAccepted = arith::XOrIOp::create(
+          b, info.accepted, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
+      Value bad = arith::AndIOp::create(b, notIgnored, notAccepted);
       leaderOnly([&] { buildIf(b, bad, [&] {
         Value linear = arith::IndexCastUIOp::create(b, b.getI64Type(),
                                                     token.linear);
@@ -221,7 +234,7 @@ public:
       loss = arith::AddFOp::create(
           b, loss, arith::MulFOp::create(b, rows.f32(config.zLoss), square));
     }
-    loss = arith::SelectOp::create(b, label.valid, loss, rows.f32(kNaN));
+    loss = arith::SelectOp::create(b, label.accepted, loss, rows.f32(kNaN));
     return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);
   }
 
@@ -238,8 +251,8 @@ public:
     buildIf(
         b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
         [&] {
-          Value scale =
-              arith::SelectOp::create(b, label.valid, weight, rows.f32(kNaN));
+          Value scale = arith::SelectOp::create(b, label.accepted, weight,
+                                                rows.f32(kNaN));
           // c = 1 + 2 z lse; its excess over 1 is kept unrounded for the
           // target term, where it may nearly cancel p_y - 1.
           Value zTerm = rows.f32(0.0f);
@@ -302,8 +315,8 @@ public:
     LabelInfo label = readLabel(t);
     RowStats stats =
         rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
-    Value target =
-        arith::SelectOp::create(b, label.valid, label.target, rows.f32(kNaN));
+    Value target = arith::SelectOp::create(b, label.accepted, label.target,
+                                           rows.f32(kNaN));
     target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
     Value sum = hasSmoothing() ? stats.sum : rows.f32(0.0f);
     leaderOnly([&] {
@@ -340,9 +353,13 @@ public:
     RowStats stats =
         rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
     Value lse = rows.buildLogSumExp(stats);
-    Value logProb = arith::SubFOp::create(
-        b, arith::SubFOp::create(b, label.target, stats.max),
-        rows.buildLog1p(stats.rest));
+    Value shifted = arith::SubFOp::create(b, label.target, stats.max);
+    // Megatron's out-of-range label: predicted logit 0 after the max shift.
+    if (config.flags)
+      shifted =
+          arith::SelectOp::create(b, label.inRow, shifted, rows.f32(0.0f));
+    Value logProb =
+        arith::SubFOp::create(b, shifted, rows.buildLog1p(stats.rest));
     Value loss = buildLoss(label, stats, lse, logProb);
     leaderOnly([&] {
       memref::StoreOp::create(b, loss, lossOut, t.indices);

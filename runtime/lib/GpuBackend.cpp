@@ -178,6 +178,10 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
 
   KernelParams params;
   for (const KernelArg &arg : info.args) {
+    if (arg.role == ArgRole::Flags) {
+      params.addInteger(plan.flags());
+      continue;
+    }
     if (arg.role == ArgRole::Status) {
       ce_tensor word{};
       word.data = statusWord;

@@ -9,6 +9,7 @@
 #include "ce/runtime/HostBackend.h"
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -56,7 +57,9 @@ void *fillDescriptor(AnyMemRef &storage, const ce_tensor &tensor) {
 
 constexpr size_t kMaxArgs = 8;
 
-/// `void *`, whatever the index; spells one parameter per index below.
+/// `void *`, whatever the index; spells one parameter per index below. The
+/// flags argument (an i64 by value) is passed as one, which the SysV x86-64
+/// calling convention treats alike (INTEGER class, 8 bytes).
 template <size_t> using PointerParam = void *;
 
 /// Calls `entry` as `void (*)(void *, ..., void *)`, one pointer per index.
@@ -106,6 +109,12 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
   statusTensor.strides[0] = 1;
   for (size_t i = 0; i < info.args.size(); ++i) {
     const KernelArg &arg = info.args[i];
+    if (arg.role == ArgRole::Flags) {
+      // By value: an i64 travels in a pointer's slot of the SysV x86-64 ABI.
+      pointers[i] =
+          reinterpret_cast<void *>(static_cast<intptr_t>(plan.flags()));
+      continue;
+    }
     const ce_tensor *tensor = &statusTensor;
     if (arg.role != ArgRole::Status) {
       if (!plan.has(arg.role))

@@ -1,8 +1,9 @@
 //===- Manifest.cpp - Reading and checking manifest.json ------------------===//
 //
-// Implements docs/bundle-format.md, version 1: required keys, their types,
-// the variant keys, and the agreement of each kernel's argument list with its
-// variant. Unknown keys are ignored so that newer writers stay readable.
+// Implements docs/bundle-format.md, versions 1 and 2: required keys, their
+// types, the variant keys, and the agreement of each kernel's argument list
+// with its variant. Unknown keys are ignored so that newer writers stay
+// readable.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,6 +38,8 @@ const char *stringify(ArgRole role) {
     return "stats";
   case ArgRole::Status:
     return "status";
+  case ArgRole::Flags:
+    return "flags";
   }
   return "?";
 }
@@ -106,6 +109,8 @@ KernelArg expectedArg(const KernelVariantKey &variant, ArgRole role) {
     return {role, tokenRank + 1, ElemType::F32};
   case ArgRole::Status:
     return {role, 1, ElemType::I64};
+  case ArgRole::Flags:
+    return {role, 0, ElemType::I64};
   }
   return {};
 }
@@ -186,6 +191,7 @@ private:
 
   std::string_view text;
   const std::string &path;
+  int64_t formatVersion = 0; ///< The manifest's, once read.
 };
 
 Status ManifestReader::read(Manifest &manifest) {
@@ -217,6 +223,7 @@ Status ManifestReader::read(Manifest &manifest) {
   if (!version->getInteger() || *version->getInteger() < 1)
     return errorAt(*version, "\"version\" must be a positive integer");
   manifest.version = *version->getInteger();
+  formatVersion = manifest.version;
   if (manifest.version > CE_RUNTIME_BUNDLE_VERSION)
     return errorAt(
         *version,
@@ -419,6 +426,25 @@ Status ManifestReader::readArgs(const json::Value &args,
         !status.isOk())
       return status;
 
+    // The run-time flags (version 2): optional, by value, always last.
+    if (roleName == stringify(ArgRole::Flags)) {
+      if (formatVersion < 2)
+        return errorAt(value, name +
+                                  ": argument role \"flags\" needs bundle "
+                                  "format version 2, the manifest is "
+                                  "version " +
+                                  std::to_string(formatVersion));
+      if (i + 1 != args.getArray().size())
+        return errorAt(value, name + ": argument role \"flags\" must be the "
+                                     "last argument");
+      KernelArg want = expectedArg(kernel.variant, ArgRole::Flags);
+      if (rank != want.rank || dtypeName != stringify(want.dtype))
+        return errorAt(value, name + ": argument \"flags\" is " + dtypeName +
+                                  " of rank " + std::to_string(rank) +
+                                  ", expected i64 of rank 0 (by value)");
+      kernel.args.push_back(want);
+      continue;
+    }
     auto role = std::find_if(expected.begin(), expected.end(), [&](ArgRole r) {
       return roleName == stringify(r);
     });

@@ -114,6 +114,12 @@ Status checkOptions(const ce_options &options) {
     return invalid("options->label_layout",
                    "must be CE_LABELS_BS (0) or CE_LABELS_SB (1), got " +
                        std::to_string(layout));
+  int64_t policy = rawEnum(options.label_policy);
+  if (policy != CE_LABEL_POLICY_STRICT && policy != CE_LABEL_POLICY_MEGATRON)
+    return invalid("options->label_policy",
+                   "must be CE_LABEL_POLICY_STRICT (0) or "
+                   "CE_LABEL_POLICY_MEGATRON (1), got " +
+                       std::to_string(policy));
   float smoothing = options.label_smoothing;
   if (!(smoothing >= 0.0f && smoothing < 1.0f))
     return invalid("options->label_smoothing",

@@ -93,6 +93,30 @@ func.func @mismatches(%x: memref<?x?xf32>, %y: memref<?xi64>, %y2: memref<?xi64>
 
 // -----
 
+// Not fused: the backward's run-time flags are not the forward's.
+
+func.func @different_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %f: i64, %f2: i64) {
+  ce.forward %x, %y into %loss, %lse flags(%f) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: forward and backward take different run-time flags}}
+  ce.backward %x, %y, %lse, %g into %dx flags(%f2) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Fused with the flags both ops take.
+
+// CHECK-LABEL: func @same_flags
+// CHECK-SAME: %[[F:[^:]*]]: i64
+// CHECK: ce.fused {{.*}} flags(%[[F]]) layout = flat
+func.func @same_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %f: i64) {
+  ce.forward %x, %y into %loss, %lse flags(%f) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  ce.backward %x, %y, %lse, %g into %dx flags(%f) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
 // Not fused: no forward writes the lse.
 
 func.func @no_forward(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {

@@ -130,3 +130,25 @@ func.func @fused_scalar(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<f32>
   ce.fused %x, %y, %w into %loss, %lse, %x layout = flat {overwrite_input, z_loss = 1.0e-4 : f32} : memref<?x?xbf16>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
   return
 }
+
+// -----
+
+// Run-time flags: bit 0 (Megatron's labels) widens the accepted labels, so
+// an out-of-range label is neither reported nor NaN; its shifted target
+// logit is 0 (the row maximum) where the label is not in the row.
+
+// CHECK-LABEL: func @forward_flags
+// CHECK-SAME: %[[F:[^:]*]]: i64
+// CHECK-DAG: %[[ONE:.*]] = arith.constant 1 : i64
+// CHECK: %[[BIT:.*]] = arith.andi %[[F]], %[[ONE]] : i64
+// CHECK: %[[MEGATRON:.*]] = arith.cmpi ne, %[[BIT]], %{{.*}} : i64
+// CHECK: %[[ACCEPTED:.*]] = arith.ori %[[VALID:.*]], %[[MEGATRON]] : i1
+// CHECK: %[[NOTACCEPTED:.*]] = arith.xori %[[ACCEPTED]], %{{.*}} : i1
+// CHECK: scf.if %[[NOTACCEPTED]] {
+// CHECK:   memref.store %{{.*}}, %{{.*}}[%{{.*}}] : memref<1xi64>
+// CHECK: arith.select %[[VALID]], %{{.*}}, %{{.*}} : f32
+// CHECK: arith.select %[[ACCEPTED]], %{{.*}}, %{{.*}} : f32
+func.func @forward_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %st: memref<1xi64>, %flags: i64) {
+  ce.forward %x, %y into %loss, %lse status(%st : memref<1xi64>) flags(%flags) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}

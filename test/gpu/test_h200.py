@@ -130,6 +130,8 @@ class Case:
     special_rows: bool
     broadcast: bool
     all_ignored: bool
+    #: CE_LABEL_POLICY_MEGATRON, with every third label outside [0, V).
+    megatron_labels: bool = False
 
 
 CASES = [
@@ -143,6 +145,8 @@ CASES = [
     Case("views-vocab128256", 2, 1, 2, 128256, True, False, False, False),
     Case("special-vocab32000", 7, 7, 1, 32000, False, True, False, False),
     Case("all-ignored", 16, 4, 4, 7, True, False, False, True),
+    Case("megatron-labels-vocab7", 45, 5, 9, 7, True, True, True, False, True),
+    Case("megatron-labels-vocab32000", 12, 3, 4, 32000, False, True, False, False, True),
 ]
 
 PAD = 8          # elements of padding before and after every view
@@ -189,10 +193,20 @@ def ignored_mask(labels: torch.Tensor, ignore_index: Optional[int]) -> torch.Ten
     return labels == ignore_index
 
 
-def reference_loss(x: torch.Tensor, labels: torch.Tensor, stats: Stats, key: Key) -> torch.Tensor:
+def absent_mask(labels: torch.Tensor, vocab: int, key: Key, megatron: bool) -> torch.Tensor:
+    """Labels outside [0, V) under CE_LABEL_POLICY_MEGATRON (not the ignore_index)."""
+    if not megatron:
+        return torch.zeros_like(labels, dtype=torch.bool)
+    return ((labels < 0) | (labels >= vocab)) & ~ignored_mask(labels, key.ignore_index)
+
+
+def reference_loss(x: torch.Tensor, labels: torch.Tensor, stats: Stats, key: Key,
+                   megatron: bool = False) -> torch.Tensor:
     n, v = x.shape
     ignored = ignored_mask(labels, key.ignore_index)
     loss = -stats.log_prob(x, labels)
+    # Megatron-Core: an absent label's target logit is the row maximum.
+    loss = torch.where(absent_mask(labels, v, key, megatron), torch.log1p(stats.rest), loss)
     s = smoothing_factor(key.label_smoothing, v)
     if s != 0.0:
         loss = (1.0 - s) * loss + s * (stats.lse - x.mean(dim=1))
@@ -203,7 +217,7 @@ def reference_loss(x: torch.Tensor, labels: torch.Tensor, stats: Stats, key: Key
 
 def reference_grad(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                    target_log_prob: torch.Tensor, scale: torch.Tensor,
-                   key: Key) -> Tuple[torch.Tensor, torch.Tensor]:
+                   key: Key, megatron: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """(gradient, term scale) per referenceGrad in Reference.cpp."""
     n, v = x.shape
     s = smoothing_factor(key.label_smoothing, v)
@@ -219,6 +233,10 @@ def reference_grad(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
     p_minus_one = torch.expm1(target_log_prob)
     target_grad = scale * (p_minus_one * z_scale + z_term + s - uniform)
     target_term = scale.abs() * (p_minus_one.abs() * z_scale.abs() + z_term.abs() + s)
+    # An absent label has no target element: its own value stays.
+    absent = absent_mask(labels, v, key, megatron)
+    target_grad = torch.where(absent, grad.gather(1, safe)[:, 0], target_grad)
+    target_term = torch.where(absent, term.gather(1, safe)[:, 0], target_term)
     grad.scatter_(1, safe, target_grad[:, None])
     term.scatter_(1, safe, target_term[:, None])
     ignored = ignored_mask(labels, key.ignore_index)
@@ -312,6 +330,7 @@ class Problem:
                 drop[:] = True
             labels[drop] = key.ignore_index
         x = self.round(x)
+        outside = [-100, v, v + 5, -1, (1 << 40) if key.labels == "i64" else -2 ** 31]
         if case.special_rows and v >= 2:
             f16 = dtype == "f16"
             for t in range(min(n, 7)):
@@ -345,6 +364,10 @@ class Problem:
                     # A first half far below the rest: the running maximum
                     # starts below -2^24 and then grows.
                     x[t, :v // 2] = self.round(x[t, :v // 2] - 1.0e30)
+        if case.megatron_labels:
+            # Megatron's SFT -100, V itself, past V, -1 and one far outside.
+            for t in range(1, n, 3):
+                labels[t] = outside[(t // 3) % len(outside)]
         self.x, self.labels = x, labels
         # The per-token scale: grad_loss (backward) or weights (fused).
         self.scale = torch.zeros((n,), dtype=torch.float64)
@@ -450,8 +473,9 @@ class Harness:
         return self._runtime.TensorDesc.make(tensor.data_ptr(), codes[dtype], list(tensor.shape),
                                              list(tensor.stride()), self.device_type, self.index)
 
-    def options(self, key: Key, overwrite: bool):
+    def options(self, key: Key, overwrite: bool, megatron: bool = False):
         options = self.rt.default_options()
+        options.label_policy = 1 if megatron else 0  # CE_LABEL_POLICY_MEGATRON
         if key.ignore_index is not None:
             options.has_ignore_index = 1
             options.ignore_index = key.ignore_index
@@ -578,7 +602,8 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
         if key.op == "forward":
             loss = Buffer(torch.float32, p.token_shape, p.token_strides(3), dev)
             lse = Buffer(torch.float32, p.token_shape, p.token_strides(2), dev)
-            h.rt.forward(h.kernels[key.text], h.options(key, False), h.desc(logits.view, key.logits),
+            h.rt.forward(h.kernels[key.text], h.options(key, False, case.megatron_labels),
+                         h.desc(logits.view, key.logits),
                          h.desc(labels.view, key.labels), h.desc(loss.view, "f32"),
                          h.desc(lse.view, "f32"), stream)
         elif key.op == "backward":
@@ -587,7 +612,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             if forward_text in h.kernels and n:
                 f_loss = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
                 f_lse = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
-                h.rt.forward(h.kernels[forward_text], h.options(key, False),
+                h.rt.forward(h.kernels[forward_text], h.options(key, False, case.megatron_labels),
                              h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                              h.desc(f_loss.view, "f32"), h.desc(f_lse.view, "f32"), stream)
                 lse_used = p.token_values(f_lse.view).to(torch.float64).cpu()
@@ -598,7 +623,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             lse_input_before = lse_input.storage.clone()
             if not key.overwrite:
                 grad = Buffer(ldt, p.logits_shape(), p.grad_strides(), dev)
-            h.rt.backward(h.kernels[key.text], h.options(key, key.overwrite),
+            h.rt.backward(h.kernels[key.text], h.options(key, key.overwrite, case.megatron_labels),
                           h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                           h.desc(lse_input.view, "f32"), h.desc(scale_buffer.view, "f32"),
                           None if grad is None else h.desc(grad.view, key.logits), stream)
@@ -607,7 +632,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             lse = Buffer(torch.float32, p.token_shape, p.token_strides(2), dev)
             if not key.overwrite:
                 grad = Buffer(ldt, p.logits_shape(), p.grad_strides(), dev)
-            h.rt.fused(h.kernels[key.text], h.options(key, key.overwrite),
+            h.rt.fused(h.kernels[key.text], h.options(key, key.overwrite, case.megatron_labels),
                        h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                        h.desc(scale_buffer.view, "f32"), h.desc(loss.view, "f32"),
                        h.desc(lse.view, "f32"), None if grad is None else h.desc(grad.view, key.logits),
@@ -638,7 +663,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
         report.check(loss.padding_intact(), key.text, name, lambda: "loss padding written")
         report.check(lse.padding_intact(), key.text, name, lambda: "lse padding written")
         if n:
-            ref_loss = reference_loss(p.x, p.labels, stats, key)
+            ref_loss = reference_loss(p.x, p.labels, stats, key, case.megatron_labels)
             ignored = ignored_mask(p.labels, key.ignore_index)
             check_token_values(report, p, "loss", p.token_values(loss.view), ref_loss, ignored, name)
             check_token_values(report, p, "lse", p.token_values(lse.view), stats.lse,
@@ -651,7 +676,8 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             target = p.x.gather(1, p.labels.clamp(0, v - 1)[:, None])[:, 0] - lse_used
         else:
             target = stats.log_prob(p.x, p.labels)
-        ref, term = reference_grad(p.x, p.labels, lse_used, target, p.scale, key)
+        ref, term = reference_grad(p.x, p.labels, lse_used, target, p.scale, key,
+                                   case.megatron_labels)
         check_grad(report, p, p.logits_rows(written.view.cpu()), ref, term, name)
 
 

@@ -168,12 +168,12 @@ TEST(BundleOpen, WrongFormat) {
 TEST(BundleOpen, NewerVersionNamesBothVersions) {
   TempDir dir;
   std::string manifest =
-      replaceOnce(oneKernelManifest(), "\"version\": 1", "\"version\": 2");
+      replaceOnce(oneKernelManifest(), "\"version\": 1", "\"version\": 3");
   // A newer version may change anything, so nothing else is read.
-  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v2\"");
+  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v3\"");
   std::string message = openFails(writeBundle(dir, manifest));
+  EXPECT_THAT(message, HasSubstr("version 3"));
   EXPECT_THAT(message, HasSubstr("version 2"));
-  EXPECT_THAT(message, HasSubstr("version 1"));
 }
 
 TEST(BundleOpen, BadVersion) {
@@ -352,6 +352,50 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
   }
 }
 
+TEST(BundleOpen, FlagsAreAVersionTwoTrailingScalar) {
+  using Args = std::vector<std::tuple<std::string, int, std::string>>;
+  Args canonical = canonicalArgs(forwardKey());
+  Args withFlags = canonical;
+  withFlags.push_back({"flags", 0, "i64"});
+  Args flagsFirst = canonical;
+  flagsFirst.insert(flagsFirst.begin(), {"flags", 0, "i64"});
+  Args flagsAsMemref = canonical;
+  flagsAsMemref.push_back({"flags", 1, "i64"});
+  struct Case {
+    Args args;
+    int version;
+    const char *message; ///< nullptr: the bundle opens
+  } cases[] = {
+      {withFlags, 2, nullptr},
+      {canonical, 2, nullptr}, // flags are optional
+      {withFlags, 1,
+       "argument role \"flags\" needs bundle format version 2, the manifest "
+       "is version 1"},
+      {flagsFirst, 2, "argument role \"flags\" must be the last argument"},
+      {flagsAsMemref, 2,
+       "argument \"flags\" is i64 of rank 1, expected i64 of rank 0"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.message ? c.message : "opens");
+    TempDir dir;
+    dir.copyFakeKernels();
+    dir.write("manifest.json",
+              manifestJson({{forwardKey(), "fake_forward_flat_flags", c.args}},
+                           c.version));
+    ce_bundle *bundle = nullptr;
+    ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
+    if (!c.message) {
+      EXPECT_EQ(status, CE_OK) << ce_last_error_message();
+    } else {
+      EXPECT_EQ(status, CE_ERROR_BUNDLE);
+      EXPECT_NE(std::string(ce_last_error_message()).find(c.message),
+                std::string::npos)
+          << ce_last_error_message();
+    }
+    ce_bundle_close(bundle);
+  }
+}
+
 TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
   TempDir dir;
   dir.copyFakeKernels();
@@ -518,6 +562,7 @@ TEST(Options, Defaults) {
   EXPECT_EQ(options.z_loss, 0.0f);
   EXPECT_EQ(options.overwrite_input, 0);
   EXPECT_EQ(options.label_layout, CE_LABELS_BS);
+  EXPECT_EQ(options.label_policy, CE_LABEL_POLICY_STRICT);
   ce_options_init(nullptr); // A no-op.
 }
 

@@ -81,6 +81,7 @@ struct GpuKernelSpec {
   KernelVariantKey key;
   std::string symbol;
   int64_t minVocab = 0; ///< launch.min_vocab, written when not 0
+  bool flags = false;   ///< takes the run-time flags (a version 2 manifest)
 };
 
 /// A bundle directory for GPU targets: one fake code object per target whose
@@ -92,13 +93,14 @@ public:
             int64_t rowsPerBlock = 1, int64_t ldsBytes = 0,
             const std::string &objectText = "", bool mustOpen = true) {
     std::string objects, entries;
+    int version = 1;
     for (const std::string &target : targets) {
       bool cuda = target.rfind("sm_", 0) == 0;
       std::string file = target + (cuda ? ".ptx" : ".hsaco");
       std::string text = objectText;
       for (const GpuKernelSpec &kernel : kernels)
-        text +=
-            kernel.symbol + " " + std::to_string(paramCount(kernel.key)) + "\n";
+        text += kernel.symbol + " " +
+                std::to_string(paramCount(kernel.key) + kernel.flags) + "\n";
       dir.write(file, text);
       objects += std::string(objects.empty() ? "" : ", ") + "{\"file\": \"" +
                  file + "\", \"target\": \"" + target + "\", \"kind\": \"" +
@@ -109,6 +111,10 @@ public:
           args += std::string(args.empty() ? "" : ", ") + "{\"role\": \"" +
                   role + "\", \"rank\": " + std::to_string(rank) +
                   ", \"dtype\": \"" + dtype + "\"}";
+        if (kernel.flags) {
+          args += ", {\"role\": \"flags\", \"rank\": 0, \"dtype\": \"i64\"}";
+          version = 2;
+        }
         entries += std::string(entries.empty() ? "" : ",\n") + "{\"key\": \"" +
                    kernel.key.str() + "\", \"target\": \"" + target +
                    "\", \"object\": \"" + file + "\", \"symbol\": \"" +
@@ -124,9 +130,10 @@ public:
                    "}, \"args\": [" + args + "]}";
       }
     }
-    dir.write("manifest.json",
-              "{\"format\": \"cegen-bundle\", \"version\": 1, \"objects\": [" +
-                  objects + "], \"kernels\": [" + entries + "]}");
+    dir.write("manifest.json", "{\"format\": \"cegen-bundle\", \"version\": " +
+                                   std::to_string(version) +
+                                   ", \"objects\": [" + objects +
+                                   "], \"kernels\": [" + entries + "]}");
     ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
     if (mustOpen) {
       EXPECT_EQ(status, CE_OK) << ce_last_error_message();
@@ -263,6 +270,32 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.params[25], 1u);
   EXPECT_EQ(s.params[26], 1u);
   EXPECT_EQ(*lastStatusWord(), 0);
+  EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+}
+
+TEST_P(GpuTest, FlagsAreTheLastParameterByValue) {
+  KernelVariantKey key = forwardKey();
+  GpuKernelSpec spec{key, "ce_forward_0"};
+  spec.flags = true;
+  GpuBundle bundle({target()}, {spec});
+  GpuProblem p(device(), 0);
+  ce_options options;
+  ce_options_init(&options);
+  for (ce_label_policy policy :
+       {CE_LABEL_POLICY_MEGATRON, CE_LABEL_POLICY_STRICT}) {
+    SCOPED_TRACE(policy);
+    options.label_policy = policy;
+    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, fakeStream(7)),
+              CE_OK)
+        << ce_last_error_message();
+    const FakeGpuState &s = state();
+    ASSERT_EQ(s.numParams, paramCount(key) + 1);
+    EXPECT_EQ(s.params[s.numParams - 1], policy == CE_LABEL_POLICY_MEGATRON
+                                             ? uint64_t(kFlagMegatronLabels)
+                                             : 0u);
+    EXPECT_EQ(s.params[0], uint64_t(uintptr_t(p.logits.data())));
+  }
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
 

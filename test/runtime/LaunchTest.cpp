@@ -146,6 +146,53 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   EXPECT_EQ(p.lse[p.n], kPoison);
 }
 
+TEST(Launch, FlagsArePassedByValue) {
+  auto args = canonicalArgs(forwardKey());
+  args.push_back({"flags", 0, "i64"});
+  FakeBundle bundle({{forwardKey(), "fake_forward_flat_flags", args}},
+                    /*version=*/2);
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  for (ce_label_policy policy :
+       {CE_LABEL_POLICY_MEGATRON, CE_LABEL_POLICY_STRICT}) {
+    SCOPED_TRACE(policy);
+    options.label_policy = policy;
+    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
+    EXPECT_EQ(bundle.record().flags,
+              policy == CE_LABEL_POLICY_MEGATRON ? kFlagMegatronLabels : 0);
+    EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
+  }
+}
+
+TEST(Launch, LabelPolicyNeedsAKernelWithFlags) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  options.label_policy = CE_LABEL_POLICY_MEGATRON;
+  int64_t callsBefore = bundle.calls();
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_ERROR_VARIANT_NOT_FOUND);
+  EXPECT_NE(
+      std::string(ce_last_error_message()).find("takes no run-time flags"),
+      std::string::npos)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.calls(), callsBefore);
+
+  setRawEnum(options.label_policy, 2);
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ce_last_error_message())
+                .find("options->label_policy: must be CE_LABEL_POLICY_STRICT"),
+            std::string::npos)
+      << ce_last_error_message();
+}
+
 TEST(Launch, NullOptionsMeanDefaults) {
   FakeBundle bundle(allFakeKernels());
   FlatProblem p;

@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -71,6 +72,8 @@ struct CaseSpec {
   bool specialRows;   ///< -inf rows, a confident row, shifted and extreme rows.
   bool broadcast;     ///< Stride-0 upstream gradient / token weights.
   bool allIgnored;    ///< Every label is the ignore_index.
+  /// CE_LABEL_POLICY_MEGATRON, with every third label outside [0, V).
+  bool megatronLabels = false;
 };
 
 const CaseSpec kCases[] = {
@@ -84,6 +87,9 @@ const CaseSpec kCases[] = {
     {"views-vocab128256", 2, 1, 2, 128256, true, false, false, false},
     {"special-vocab32000", 7, 7, 1, 32000, false, true, false, false},
     {"all-ignored", 16, 4, 4, 7, true, false, false, true},
+    {"megatron-labels-vocab7", 45, 5, 9, 7, true, true, true, false, true},
+    {"megatron-labels-vocab32000", 12, 3, 4, 32000, false, true, false, false,
+     true},
 };
 
 //===----------------------------------------------------------------------===//
@@ -247,6 +253,10 @@ void initProblem(Problem &problem, const KernelVariantKey &key,
   problem.reference.ignoreIndex = key.ignoreIndex;
   problem.reference.labelSmoothing = key.labelSmoothing;
   problem.reference.zLoss = key.zLoss;
+  if (spec.megatronLabels) {
+    problem.options.label_policy = CE_LABEL_POLICY_MEGATRON;
+    problem.reference.megatronLabels = true;
+  }
   problem.vocab = spec.vocab;
   problem.views = spec.views;
   if (key.layout == LabelLayout::Flat) {
@@ -338,6 +348,16 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
           row[j] = roundTo(type, row[j] - 1.0e30);
       }
     }
+  }
+
+  // Out-of-range labels among the others (the special rows included):
+  // Megatron's SFT -100, V itself, past V, -1 and one far outside.
+  if (spec.megatronLabels) {
+    bool i64 = p.key.labels == ElemType::I64;
+    const int64_t outside[] = {-100, v, v + 5, -1,
+                               i64 ? int64_t(1) << 40 : INT32_MIN};
+    for (int64_t t = 1; t < n; t += 3)
+      p.labels[t] = outside[(t / 3) % 5];
   }
 
   p.logits =
@@ -503,7 +523,7 @@ void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
     const double *row = &p.x[t * p.vocab];
     int64_t label = p.labels[t];
     double targetLogProb = 0.0;
-    if (!isIgnored(label, p.reference))
+    if (!isIgnored(label, p.reference) && label >= 0 && label < p.vocab)
       targetLogProb =
           inputLse ? row[label] - lseUsed[t] : stats[t].logProb(row, label);
     referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb, p.scale[t],

@@ -49,7 +49,9 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
     return 0.0;
   double s = smoothingFactor(options.labelSmoothing, vocab);
   double lse = stats.lse;
-  double loss = -stats.logProb(row, label); // lse - x_y
+  double loss = isAbsent(label, vocab, options)
+                    ? std::log1p(stats.rest)      // lse - max
+                    : -stats.logProb(row, label); // lse - x_y
   if (s != 0.0) {
     double sum = 0.0;
     for (int64_t j = 0; j < vocab; ++j)

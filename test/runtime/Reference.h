@@ -21,11 +21,22 @@ struct ReferenceOptions {
   std::optional<int64_t> ignoreIndex;
   double labelSmoothing = 0.0; ///< alpha, as the f32 the kernel sees.
   double zLoss = 0.0;
+  /// CE_LABEL_POLICY_MEGATRON: a label outside [0, V) is an absent class.
+  bool megatronLabels = false;
 };
 
 /// Whether `label` is the ignore_index.
 inline bool isIgnored(int64_t label, const ReferenceOptions &options) {
   return options.ignoreIndex && label == *options.ignoreIndex;
+}
+
+/// Whether `label` lies outside [0, V) and is not ignored, under Megatron's
+/// contract (Core's predicted logit 0 after the max shift: the target logit
+/// is taken as the row maximum, and no gradient element is the target's).
+inline bool isAbsent(int64_t label, int64_t vocab,
+                     const ReferenceOptions &options) {
+  return options.megatronLabels && !isIgnored(label, options) &&
+         (label < 0 || label >= vocab);
 }
 
 /// The effective smoothing s = alpha V / (V - 1); 0 when V == 1.
@@ -46,7 +57,8 @@ struct RowStats {
 
 RowStats referenceStats(const double *row, int64_t vocab);
 
-/// The loss of one token (0 for an ignored token).
+/// The loss of one token (0 for an ignored token; for an absent label,
+/// lse - max = log1p(rest) in place of lse - x_y).
 double referenceLoss(const double *row, int64_t vocab, int64_t label,
                      const RowStats &stats, const ReferenceOptions &options);
 

@@ -46,10 +46,11 @@ canonicalArgs(const KernelVariantKey &key) {
   return args;
 }
 
-std::string manifestJson(const std::vector<KernelSpec> &kernels) {
+std::string manifestJson(const std::vector<KernelSpec> &kernels, int version) {
   std::string json = R"({
   "format": "cegen-bundle",
-  "version": 1,
+  "version": )" + std::to_string(version) +
+                     R"(,
   "generator": "runtime_bundle_test",
   "objects": [
     {"file": "host-x86_64.so", "target": "host", "kind": "shared-object"}
@@ -101,9 +102,9 @@ void TempDir::copyFakeKernels(const std::string &name) const {
                              std::filesystem::copy_options::overwrite_existing);
 }
 
-FakeBundle::FakeBundle(const std::vector<KernelSpec> &kernels) {
+FakeBundle::FakeBundle(const std::vector<KernelSpec> &kernels, int version) {
   dir.copyFakeKernels();
-  dir.write("manifest.json", manifestJson(kernels));
+  dir.write("manifest.json", manifestJson(kernels, version));
   ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
   EXPECT_EQ(status, CE_OK) << ce_last_error_message();
   // The same path gives the runtime's handle back, so the record is the one

@@ -32,6 +32,7 @@ struct FakeRecord {
   int64_t sizes[8][3];
   int64_t strides[8][3];
   int64_t statusOnEntry;
+  int64_t flags;
 };
 
 /// One kernel entry of a manifest.
@@ -48,7 +49,8 @@ std::vector<std::tuple<std::string, int, std::string>>
 canonicalArgs(const KernelVariantKey &key);
 
 /// The JSON text of a manifest holding `kernels` in host-x86_64.so.
-std::string manifestJson(const std::vector<KernelSpec> &kernels);
+std::string manifestJson(const std::vector<KernelSpec> &kernels,
+                         int version = 1);
 
 /// A temporary directory removed on destruction.
 class TempDir {
@@ -71,7 +73,7 @@ private:
 /// opened through the C API.
 class FakeBundle {
 public:
-  explicit FakeBundle(const std::vector<KernelSpec> &kernels);
+  explicit FakeBundle(const std::vector<KernelSpec> &kernels, int version = 1);
   ~FakeBundle();
   FakeBundle(const FakeBundle &) = delete;
   FakeBundle &operator=(const FakeBundle &) = delete;

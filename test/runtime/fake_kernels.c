@@ -34,6 +34,7 @@ typedef struct FakeRecord {
   int64_t sizes[FAKE_MAX_ARGS][3];
   int64_t strides[FAKE_MAX_ARGS][3];
   int64_t status_on_entry;
+  int64_t flags; /* the by-value flags of the last *_flags kernel */
 } FakeRecord;
 
 __attribute__((visibility("default"))) FakeRecord ce_fake_record;
@@ -183,6 +184,13 @@ EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
 }
 EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
   forward(SBV_SB, 0, a, b, c, d, e);
+}
+/* The same kernel with the run-time flags (bundle format version 2), an
+ * int64_t by value after the descriptors. */
+EXPORT void fake_forward_flat_flags(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                    int64_t flags) {
+  forward(FLAT, 0, a, b, c, d, e);
+  ce_fake_record.flags = flags;
 }
 /* The same kernel with its arguments in reverse order. */
 EXPORT void fake_forward_flat_reversed(Desc *status, Desc *lse, Desc *loss,

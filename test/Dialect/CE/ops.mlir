@@ -19,6 +19,16 @@ func.func @forward_sbv_sb_static(%x: memref<4x2x7xf16>, %y: memref<4x2xi32>, %lo
   return
 }
 
+// CHECK-LABEL: func @fused_with_flags
+// CHECK-SAME: %[[F:[^:]*]]: i64
+func.func @fused_with_flags(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<f32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %st: memref<1xi64>, %flags: i64) {
+  // CHECK: ce.fused {{.*}} status(%{{.*}} : memref<1xi64>) flags(%[[F]]) layout = flat {overwrite_input}
+  ce.fused %x, %y, %w into %loss, %lse, %x status(%st : memref<1xi64>) flags(%flags) layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  // CHECK: ce.forward {{.*}} flags(%[[F]]) layout = flat :
+  ce.forward %x, %y into %loss, %lse flags(%flags) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
 // CHECK-LABEL: func @shard_stats_flat_strided
 func.func @shard_stats_flat_strided(%x: memref<?x64xf32, strided<[128, 1], offset: ?>>, %y: memref<?xi64, strided<[?], offset: ?>>, %s: memref<?x4xf32, strided<[?, ?], offset: ?>>, %st: memref<1xi64>) {
   // CHECK: ce.shard_stats %{{.*}}, %{{.*}} into %{{.*}} status(%{{.*}} : memref<1xi64>) layout = flat {shard = #ce.shard<start = 64, vocab = 128>}

@@ -1,7 +1,7 @@
 //===- Manifest.h - The parsed manifest.json of a bundle --------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). Turns manifest.json text into
-// checked structures per docs/bundle-format.md, version 1. Everything a
+// checked structures per docs/bundle-format.md, versions 1 and 2. Everything a
 // launch relies on is validated here, once, when the bundle is opened.
 //
 //===----------------------------------------------------------------------===//
@@ -43,9 +43,10 @@ enum class ArgRole {
   Weights,
   Grad,
   Stats,
-  Status
+  Status,
+  Flags ///< i64 run-time flags, passed by value (bundle format version 2)
 };
-inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Status) + 1;
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Flags) + 1;
 
 /// The manifest spelling of `role` ("grad_loss", ...).
 const char *stringify(ArgRole role);
@@ -96,7 +97,7 @@ struct Manifest {
 };
 
 /// The argument roles, in the canonical order of docs/bundle-format.md, that
-/// a kernel of `variant` takes.
+/// a kernel of `variant` takes (without the optional trailing `flags`).
 std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant);
 
 /// Parses and validates manifest text. `path` names the file in messages.

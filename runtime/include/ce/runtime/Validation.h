@@ -63,6 +63,13 @@ struct LaunchPlan {
     return tensors[static_cast<int>(role)];
   }
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
+
+  /// The kernels' run-time `flags` word (docs/bundle-format.md).
+  int64_t flags() const {
+    return options.label_policy == CE_LABEL_POLICY_MEGATRON
+               ? kFlagMegatronLabels
+               : 0;
+  }
 };
 
 /// Checks `request` and fills `plan`. Failures are

@@ -100,6 +100,15 @@ inline std::string formatF32(float value) {
   return buffer;
 }
 
+/// Bits of a kernel's run-time `flags` argument (bundle format version 2),
+/// the same values as the ce ops' `flags` operand (mlir::ce::RuntimeFlag).
+/// Run-time values are not part of the variant key.
+enum KernelFlag : int64_t {
+  /// Labels outside [0, V) follow Megatron-Core's contract
+  /// (CE_LABEL_POLICY_MEGATRON) instead of being reported.
+  kFlagMegatronLabels = 1,
+};
+
 /// A tensor-parallel vocabulary slice: global ids [start, start + V_local)
 /// of `vocab`; `globalSmoothing` smooths over `vocab` instead of V_local.
 struct VocabShard {

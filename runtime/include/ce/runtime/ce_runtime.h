@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define CE_RUNTIME_BUNDLE_VERSION 1
+#define CE_RUNTIME_BUNDLE_VERSION 2
 #define CE_MAX_RANK 3
 
 typedef enum ce_status {
@@ -79,6 +79,19 @@ typedef struct ce_tensor {
   int32_t device_index;
 } ce_tensor;
 
+/* What a label outside [0, V) (outside [0, shard_vocab) for a shard) that is
+ * not the ignore_index means. A run-time value: one kernel serves both. */
+typedef enum ce_label_policy {
+  /* Bad input: that token's loss and gradient row are NaN and the call (on
+   * a GPU, ce_check_label_status) answers CE_ERROR_LABEL_OUT_OF_RANGE. */
+  CE_LABEL_POLICY_STRICT = 0,
+  /* Megatron-Core's contract: its target logit is taken as the row maximum
+   * (Core's predicted logit 0 after the max shift), so its loss is
+   * lse - max plus the smoothing and z-loss terms, its gradient has no
+   * one-hot term, ce_shard_stats writes 0 as its target; no error. */
+  CE_LABEL_POLICY_MEGATRON = 1
+} ce_label_policy;
+
 typedef struct ce_options {
   int32_t has_ignore_index;
   int64_t ignore_index;
@@ -94,12 +107,13 @@ typedef struct ce_options {
   int64_t shard_start;
   int64_t shard_vocab;
   int32_t shard_global_smoothing;
+  ce_label_policy label_policy;
 } ce_options;
 
 typedef struct ce_bundle ce_bundle;
 
 /* Fills `options` with the defaults: no ignore_index, no smoothing, no
- * z-loss, no overwrite, [B,S] labels, no shard. */
+ * z-loss, no overwrite, [B,S] labels, no shard, CE_LABEL_POLICY_STRICT. */
 void ce_options_init(ce_options *options);
 
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);

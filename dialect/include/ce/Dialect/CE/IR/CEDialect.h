@@ -7,4 +7,19 @@
 
 #include "ce/Dialect/CE/IR/CEDialect.h.inc"
 
+#include <cstdint>
+
+namespace mlir::ce {
+
+/// Bits of the ce ops' run-time `flags` operand (CEOps.td); the bundle ABI
+/// passes the same word as the kernels' `flags` argument
+/// (docs/bundle-format.md).
+enum RuntimeFlag : int64_t {
+  /// Labels outside [0, V) follow Megatron-Core's contract instead of being
+  /// reported.
+  kFlagMegatronLabels = 1,
+};
+
+} // namespace mlir::ce
+
 #endif // CE_DIALECT_CE_IR_CEDIALECT_H

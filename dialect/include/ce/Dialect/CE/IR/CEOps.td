@@ -24,14 +24,15 @@ defvar CE_ConfigAttrs = (ins
   OptionalAttr<CE_ShardAttr>:$shard);
 
 defvar CE_StatusOperand = (ins
-  Arg<Optional<CE_StatusMemRef>, "bad-label status", [MemWrite]>:$status);
+  Arg<Optional<CE_StatusMemRef>, "bad-label status", [MemWrite]>:$status,
+  Optional<I64>:$flags);
 
 defvar CE_StatusFormat =
-  "(`status` `(` $status^ `:` type($status) `)`)? `layout` `=` "
-  "custom<Layout>($layout)";
+  "(`status` `(` $status^ `:` type($status) `)`)? "
+  "(`flags` `(` $flags^ `)`)? `layout` `=` custom<Layout>($layout)";
 
 class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
-    : CE_Op<mnemonic, traits> {
+    : CE_Op<mnemonic, !listconcat(traits, [AttrSizedOperandSegments])> {
   let hasVerifier = 1;
   code commonDescription = [{
     Configuration (shared by all `ce` ops):
@@ -50,6 +51,16 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     and is not `ignore_index` stores
     `1 + linear token index` there; that token's loss and gradient row are NaN
     and nothing is read or written out of bounds.
+
+    Run-time flags (optional `flags`, an i64 read at run time, so one
+    compiled kernel serves every value; absent means 0):
+    - bit 0, Megatron-Core's label contract: a label outside `[0, V)` (the
+      shard's global vocabulary when sharded) that is not `ignore_index` is
+      no error. As in Megatron-Core's vocab-parallel cross entropy, its
+      target logit is taken as the row maximum (Core's predicted logit 0
+      after the max shift): the loss is `lse - max` (plus the smoothing and
+      z-loss terms), the gradient has no one-hot term, `ce.shard_stats`
+      writes 0 as its target, and `status` is not written.
   }];
 }
 
