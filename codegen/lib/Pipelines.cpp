@@ -54,6 +54,7 @@ void mlir::ce::buildGpuMappingPipeline(OpPassManager &pm,
                                        const GpuPipelineOptions &options) {
   OpPassManager &kernels = pm.nest<gpu::GPUModuleOp>();
   CEMapToGPUOptions mapOptions;
+  mapOptions.target = options.target;
   mapOptions.blockSize = options.blockSize;
   mapOptions.subgroupSize = options.subgroupSize;
   mapOptions.unroll = options.unroll;

@@ -5,6 +5,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "TargetInfo.h"
 #include "TokenLowering.h"
 
 #include "ce/Transforms/Passes.h"
@@ -34,6 +35,24 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
   using Base::Base;
 
   void runOnOperation() override {
+    targetInfo = getTargetInfo(target);
+    if (!targetInfo) {
+      getOperation()->emitError("ce-map-to-gpu: unknown target '")
+          << target << "' (nvvm or rocdl)";
+      return signalPassFailure();
+    }
+    // The pass, not the tool, rejects a feature the target lacks.
+    auto lacks = [&](bool requested, bool has, StringRef option) {
+      if (!requested || has)
+        return false;
+      getOperation()->emitError("ce-map-to-gpu: ")
+          << option << " needs a target that has it; " << target
+          << " has none";
+      return true;
+    };
+    if (lacks(asyncCopy, targetInfo->hasAsyncCopy(), "async-copy") ||
+        lacks(packedMax, targetInfo->hasPackedMax(), "packed-max"))
+      return signalPassFailure();
     SmallVector<Operation *> ceOps;
     getOperation().walk([&](Operation *op) {
       if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
@@ -94,6 +113,9 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
         raw, arith::ConstantIndexOp::create(b, 0), ValueRange{});
   }
 
+  /// The features of the `target` option's target.
+  const TargetInfo *targetInfo = nullptr;
+
   LogicalResult mapToWorkgroup(Operation *op) {
     auto kernel = op->getParentOfType<gpu::GPUFuncOp>();
     if (!kernel || !kernel.isKernel())
@@ -130,6 +152,7 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
       threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
     threads.asyncCopy = asyncCopy;
     threads.packedMax = packedMax;
+    threads.target = targetInfo;
     unsigned stages = tuning(kernel, "ce.stream_stages", 0);
     if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy && stages >= 2)
       threads.streamRing = buildWorkgroupBuffer(

@@ -16,6 +16,8 @@
 
 namespace mlir::ce {
 
+class TargetInfo;
+
 /// The statistics of one logits row. The sum of exponentials is
 /// `S = 1 + rest` at scale `max` (the maximum's own term is implicit), which
 /// keeps the small terms of a confident row from being rounded away.
@@ -68,6 +70,10 @@ struct RowThreads {
   /// Take a statistics step's maximum of bf16/f16 logits on the loaded
   /// (packed) vectors, before widening (NVIDIA: two per instruction).
   bool packedMax = false;
+  /// The target's features (TargetInfo.h): what builds the asynchronous
+  /// copies, their groups and waits, and the L2 prefetch. Set whenever
+  /// `asyncCopy` is.
+  const TargetInfo *target = nullptr;
 
   bool enabled() const { return static_cast<bool>(threadId); }
   unsigned numSubgroups() const { return numThreads / subgroupSize; }

@@ -147,6 +147,10 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     "::mlir::vector::VectorDialect"
   ];
   let options = [
+    Option<"target", "target", "std::string", "\"nvvm\"",
+           "The target whose features the mapping may use (nvvm or rocdl); "
+           "an option the target lacks (async-copy, packed-max on rocdl) is "
+           "an error">,
     Option<"blockSize", "block-size", "unsigned", "256",
            "Threads per workgroup (a multiple of the subgroup size)">,
     Option<"subgroupSize", "subgroup-size", "unsigned", "32",

@@ -66,9 +66,10 @@ struct LaunchPlan {
 
   /// The kernels' run-time `flags` word (docs/bundle-format.md).
   int64_t flags() const {
-    return options.label_policy == CE_LABEL_POLICY_MEGATRON
-               ? kFlagMegatronLabels
-               : 0;
+    int64_t flags = 0;
+    if (options.label_policy == CE_LABEL_POLICY_MEGATRON)
+      flags |= kFlagMegatronLabels;
+    return flags;
   }
 };
 

@@ -1,0 +1,395 @@
+//===- RowStatistics.cpp - The statistics sweep ---------------------------===//
+//
+// The online-softmax state algebra (per-step (max, rest) states with the
+// FMA exponent, their merging) and the statistics sweep built on it,
+// with the exact re-sweep of rows whose maximum is past 2^24, and the
+// log-sum-exp.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RowLoopBuilder.h"
+#include "RowLoopInternal.h"
+#include "TargetInfo.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+using namespace mlir;
+using namespace mlir::ce;
+using namespace mlir::ce::detail;
+
+/// The exponentials of `xs` at the maximum `max` (shaped like them), summed
+/// twice: without the maximum's copies and with them. Per element one
+/// select; the difference of the two sums (at most xs.size() apart, off by a
+/// few ulps) rounds to the maxima's count.
+///
+/// With `negScaledMax` = -fl(max log2 e) (scalar or shaped like `xs`), each
+/// exponent is one FMA, `x log2 e - fl(max log2 e)`, instead of a subtract
+/// and a multiply; every term then carries the same factor 2^d, d = max log2
+/// e - fl(max log2 e) (|d| <= half an ulp of the scaled maximum), which the
+/// caller takes out of the small terms (the maximum's own terms are 2^d, not
+/// exactly 1, which the count's rounding absorbs). Without it the exponent is
+/// `(x - max) log2 e` and the maximum's terms are exactly 1.
+static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
+                                        ImplicitLocOpBuilder &b,
+                                        ArrayRef<Value> xs, Value max,
+                                        Value negScaledMax = {}) {
+  Value zero = rows.f32(0.0f, max.getType());
+  Value log2e = negScaledMax ? rows.f32(kLog2E, max.getType()) : Value();
+  Value smallTerms, allTerms;
+  for (Value x : xs) {
+    Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
+    Value e = negScaledMax
+                  ? math::Exp2Op::create(
+                        b, math::FmaOp::create(b, x, log2e, negScaledMax))
+                  : rows.buildExp(arith::SubFOp::create(b, x, max));
+    Value term = arith::SelectOp::create(b, isMax, zero, e);
+    smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
+                            : term;
+    allTerms = allTerms ? arith::AddFOp::create(b, allTerms, e) : e;
+  }
+  return {smallTerms, allTerms};
+}
+
+/// One online-softmax step of a state (max, rest) over the values `xs`
+/// (scalars or vectors of the state's shape): the new maximum rescales the
+/// old sum once. The maximum's own exp(0) = 1 becomes the implicit term:
+/// elements equal to the new maximum are counted as exact ones instead of
+/// being summed with the small terms, which would round those away.
+///
+/// States start at (kNoMax, -1): a finite maximum that any real value
+/// replaces, and no implicit 1 yet. So the per-element work is a compare,
+/// `exp(x - max)` (subtract, scale, exp2: the subtraction is exact for the
+/// values near the maximum that matter), two selects and two adds, with no
+/// -inf special case (a -inf element is exp2(-inf) = 0).
+static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
+                                         ImplicitLocOpBuilder &b, Value max,
+                                         Value rest, ArrayRef<Value> xs) {
+  Value tileMax = xs.front();
+  for (Value x : xs.drop_front())
+    tileMax = arith::MaximumFOp::create(b, tileMax, x);
+  Value newMax = arith::MaximumFOp::create(b, max, tileMax);
+  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Type type = max.getType();
+  Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
+  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  auto [smallTerms, allTerms] = sumTerms(rows, b, xs, newMax);
+  Value maxCount = math::RoundEvenOp::create(
+      b, arith::SubFOp::create(b, allTerms, smallTerms));
+  // When the maximum grew, one of its copies is the new implicit 1 and the
+  // old implicit 1 joins the rescaled rest; both adjustments are exact.
+  Value moved = arith::SelectOp::create(b, grew, one, zero);
+  Value carried = arith::MulFOp::create(
+      b, arith::AddFOp::create(b, rest, moved), rescale);
+  Value extraOnes = arith::SubFOp::create(b, maxCount, moved);
+  Value newRest = arith::AddFOp::create(
+      b, carried, arith::AddFOp::create(b, smallTerms, extraOnes));
+  return {newMax, newRest};
+}
+
+/// 2^-d for the residual d of a scaled maximum (|d| <= 64): 1 - d ln 2 when
+/// |d| <= 2^-12 (exact to f32 precision, which exp2's approximations near 1
+/// are not), else exp2(-d).
+static Value unscaleOf(RowLoopBuilder &rows, ImplicitLocOpBuilder &b,
+                       Value residual) {
+  Value tiny = arith::CmpFOp::create(b, arith::CmpFPredicate::OLE,
+                                     math::AbsFOp::create(b, residual),
+                                     rows.f32(0x1p-12f));
+  return arith::SelectOp::create(
+      b, tiny,
+      math::FmaOp::create(b, residual, rows.f32(-kLn2), rows.f32(1.0f)),
+      math::Exp2Op::create(b, arith::NegFOp::create(b, residual)));
+}
+
+/// The maximum of the elements of the vectors `xs`, as a scalar of their
+/// element type (NaN if any is NaN).
+static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
+  Value tileMax = xs.front();
+  for (Value x : xs.drop_front())
+    tileMax = arith::MaximumFOp::create(b, tileMax, x);
+  return vector::ReductionOp::create(b, vector::CombiningKind::MAXIMUMF,
+                                     tileMax);
+}
+
+/// The main sweep's step: one maximum per thread (a scalar) and the rest as
+/// a vector of partial sums (`S = 1 + sum of its lanes`), so that the
+/// bookkeeping of a step (new maximum, rescale, the maxima's count) is done
+/// once per `unroll * width` elements instead of once per lane.
+///
+/// The exponents are one FMA each (sumTerms), at c = fl(m log2 e) capped
+/// below at -2^25 (so c is finite for every state, the initial -FLT_MAX
+/// included). Every term carries 2^d, d = m log2 e - c (exact by FMA;
+/// |d| <= 1 for |m| < 2^24), which the step takes out of the small terms and
+/// the count: by 1 - d ln 2 when |d| <= 2^-12 (every |m| < 2839), else by
+/// exp2(-d). A state whose maximum is below -2^24 gets finite but meaningless
+/// terms; it is either rescaled to 0 by a later, larger maximum or it is the
+/// row's maximum, and buildStatistics sweeps a row whose maximum is not below
+/// 2^24 in magnitude again with exact subtractions.
+/// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
+static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
+                                            ImplicitLocOpBuilder &b, Value max,
+                                            Value rest, ArrayRef<Value> xs,
+                                            Value stepMax) {
+  auto type = cast<VectorType>(rest.getType());
+  auto splat = [&](Value scalar) -> Value {
+    return vector::BroadcastOp::create(b, type, scalar);
+  };
+  if (!stepMax)
+    stepMax = maximumOf(b, xs);
+  Value newMax = arith::MaximumFOp::create(b, max, stepMax);
+  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  Value negScaled = arith::MinimumFOp::create(
+      b, arith::MulFOp::create(b, newMax, rows.f32(-kLog2E)),
+      rows.f32(kMaxNegScaledMax));
+  Value residual = arith::MaximumFOp::create(
+      b, math::FmaOp::create(b, newMax, rows.f32(kLog2E), negScaled),
+      rows.f32(-64.0f));
+  Value unscale = unscaleOf(rows, b, residual);
+  auto [smallTerms, allTerms] =
+      sumTerms(rows, b, xs, splat(newMax), splat(negScaled));
+  Value maxCount = math::RoundEvenOp::create(
+      b, arith::MulFOp::create(
+             b,
+             vector::ReductionOp::create(
+                 b, vector::CombiningKind::ADD,
+                 arith::SubFOp::create(b, allTerms, smallTerms)),
+             unscale));
+  // rest' = (rest + moved) rescale + small 2^-d + (count - moved), the
+  // scalar parts on lane 0; `moved` is the old implicit 1 when the maximum
+  // grew.
+  Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
+  Value adjust = arith::AddFOp::create(
+      b, arith::MulFOp::create(b, moved, rescale),
+      arith::SubFOp::create(b, maxCount, moved));
+  Value newRest = math::FmaOp::create(
+      b, rest, splat(rescale),
+      arith::MulFOp::create(b, smallTerms, splat(unscale)));
+  Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
+  newRest = vector::InsertOp::create(
+      b, arith::AddFOp::create(b, lane0, adjust), newRest,
+      ArrayRef<int64_t>{0});
+  return {newMax, newRest};
+}
+
+std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
+                                                      Value maxB,
+                                                      Value restB) {
+  Type type = maxA.getType();
+  Value aOnTop =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OGE, maxA, maxB);
+  Value topMax = arith::SelectOp::create(b, aOnTop, maxA, maxB);
+  Value topRest = arith::SelectOp::create(b, aOnTop, restA, restB);
+  Value lowMax = arith::SelectOp::create(b, aOnTop, maxB, maxA);
+  Value lowRest = arith::SelectOp::create(b, aOnTop, restB, restA);
+  // The lower state's sum, its implicit 1 included (0 for a state that saw
+  // no value > -inf: its rest is -1).
+  Value lowSum = arith::AddFOp::create(b, lowRest, f32(1.0f, type));
+  Value scale = buildExp(arith::SubFOp::create(b, lowMax, topMax));
+  Value rest = arith::AddFOp::create(
+      b, topRest, arith::MulFOp::create(b, lowSum, scale));
+  return {topMax, rest};
+}
+
+RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
+                                         bool withSum) {
+  RowStats stats = buildStatisticsSweep(row, vocab, withSum);
+  // Outside |max| < 2^24 the folded exponents are unusable (stepRowState):
+  // such a row (and an all -inf, infinite or NaN one) is swept again from
+  // global memory with exact subtractions, one element per thread and step
+  // (no real logits take this path; a scalar loop keeps its registers out of
+  // the way of the main sweep's). Every thread has the same max, so the
+  // branch is uniform.
+  Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
+                                        math::AbsFOp::create(b, stats.max),
+                                        f32(kFoldLimit));
+  SmallVector<Type, 3> types(withSum ? 3 : 2, b.getF32Type());
+  auto valuesOf = [&](const RowStats &s) {
+    SmallVector<Value> values = {s.max, s.rest};
+    if (withSum)
+      values.push_back(s.sum);
+    return values;
+  };
+  SmallVector<Value> values = buildIfYield(
+      b, unusual, types,
+      [&] {
+        SmallVector<Value> inits = {f32(kNoMax), f32(-1.0f)};
+        if (withSum)
+          inits.push_back(f32(0.0f));
+        scf::ForOp loop = buildTailLoop(
+            index(0), vocab, inits,
+            [&](Value j, ValueRange state) -> SmallVector<Value> {
+              Value x = loadElement(row, j);
+              auto [max, rest] = stepState(*this, b, state[0], state[1], {x});
+              SmallVector<Value> next = {max, rest};
+              if (withSum)
+                next.push_back(arith::AddFOp::create(b, state[2], x));
+              return next;
+            });
+        RowStats exact;
+        std::tie(exact.max, exact.rest) =
+            allReduceState(loop.getResult(0), loop.getResult(1));
+        if (withSum)
+          exact.sum = allReduceSum(loop.getResult(2));
+        return valuesOf(exact);
+      },
+      [&] { return valuesOf(stats); });
+  return {values[0], values[1], withSum ? values[2] : Value()};
+}
+
+RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
+                                              bool withSum) {
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+
+  // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
+  // as partial sums per lane (-1 on lane 0: no implicit 1 yet).
+  RowRange range = rangeOf(row, vocab);
+  SmallVector<float> noRest(vectorWidth, 0.0f);
+  noRest[0] = -1.0f;
+  Value initialRest = arith::ConstantOp::create(
+      b, DenseElementsAttr::get(vectorType, ArrayRef<float>(noRest)));
+  SmallVector<Value> inits = {f32(kNoMax), initialRest};
+  if (withSum)
+    inits.push_back(f32(0.0f, vectorType));
+  // Where a step's vectors come from: global memory, global memory with a
+  // copy kept in the row cache, or the row cache.
+  enum class Source { Global, GlobalToCache, Cache, Ring };
+  auto step = [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                  ValueRange state, Source source) -> SmallVector<Value> {
+    SmallVector<Value, 8> raws, xs, sumXs;
+    for (Value offset : offsets)
+      raws.push_back(source == Source::Cache  ? loadCachedVector(range, offset)
+                     : source == Source::Ring ? loadRingVector(range, offset)
+                                              : loadRawVector(row, offset));
+    // The step's maximum on the packed values (exact: it is one of them).
+    Value stepMax;
+    auto rawType = cast<VectorType>(raws.front().getType());
+    if (threads.packedMax &&
+        rawType.getElementType().getIntOrFloatBitWidth() == 16) {
+      SmallVector<Value, 8> maskedRaws(raws);
+      if (!valid.empty()) {
+        Value noValue = arith::ConstantOp::create(
+            b, DenseElementsAttr::get(
+                   rawType, b.getFloatAttr(rawType.getElementType(), -kInf)));
+        for (size_t k = 0; k < maskedRaws.size(); ++k)
+          maskedRaws[k] =
+              arith::SelectOp::create(b, valid[k], maskedRaws[k], noValue);
+      }
+      stepMax = arith::ExtFOp::create(b, b.getF32Type(),
+                                      maximumOf(b, maskedRaws));
+    }
+    for (auto [k, raw] : llvm::enumerate(raws)) {
+      if (source == Source::GlobalToCache)
+        buildIfValid(valid, k,
+                     [&] { storeCachedVector(range, offsets[k], raw); });
+      Value x = widen(raw);
+      sumXs.push_back(x);
+      if (!valid.empty()) {
+        // A vector past the row: -inf adds nothing to (max, rest), 0
+        // nothing to the sum.
+        x = arith::SelectOp::create(b, valid[k], x, f32(-kInf, vectorType));
+        sumXs.back() = arith::SelectOp::create(b, valid[k], sumXs.back(),
+                                               f32(0.0f, vectorType));
+      }
+      xs.push_back(x);
+    }
+    auto [max, rest] =
+        stepRowState(*this, b, state[0], state[1], xs, stepMax);
+    SmallVector<Value> next = {max, rest};
+    if (withSum) {
+      Value tileSum = sumXs.front();
+      for (Value x : ArrayRef<Value>(sumXs).drop_front())
+        tileSum = arith::AddFOp::create(b, tileSum, x);
+      next.push_back(arith::AddFOp::create(b, state[2], tileSum));
+    }
+    return next;
+  };
+  auto stepFrom = [&](Source source) {
+    return [&step, source](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+                           ValueRange state) {
+      return step(offsets, valid, state, source);
+    };
+  };
+  auto fromGlobal = stepFrom(Source::Global);
+  auto toCache = stepFrom(Source::GlobalToCache);
+  auto fromCache = stepFrom(Source::Cache);
+  CacheSplit split = cacheSplitOf(range);
+  SmallVector<Value> lanes;
+  if (threads.streamRing && !split) {
+    lanes = buildStreamedChunks(row, range, inits, stepFrom(Source::Ring));
+    lanes = buildRemainder(range, lanes, fromGlobal);
+  } else if (!split) {
+    lanes = buildVectorLoops(range, inits, fromGlobal);
+  } else if (threads.asyncCopy) {
+    // Every cached vector is requested up front, a group per chunk, and
+    // the rest of the row is prefetched into L2; each cached chunk is
+    // reduced as soon as its own group has landed (the later ones still in
+    // flight), then the rest of the row, from L2.
+    buildCacheCopies(row, range, split);
+    Value uncachedEnd = arith::SelectOp::create(b, split.remainder,
+                                                range.mainEnd, range.vectorEnd);
+    prefetchToL2(row, split.chunksEnd, uncachedEnd);
+    // Chunk i's group is complete once at most cacheChunks() + 1 groups are
+    // pending after one more (empty) group is committed: the groups of
+    // chunks i + 1.., the remainder's, and the i + 1 empty ones.
+    int32_t behind = static_cast<int32_t>(cacheChunks()) + 1;
+    lanes = buildChunkLoop(
+        range.head, split.chunksEnd, inits,
+        [&](ArrayRef<Value> offsets, ArrayRef<Value> valid, ValueRange state) {
+          threads.target->buildWaitGroups(b, commitCopies(), behind);
+          return fromCache(offsets, valid, state);
+        },
+        false);
+    threads.target->buildWaitGroups(b, commitCopies(), std::nullopt);
+    lanes = buildSplitRemainder(range, split, lanes, fromCache, {});
+    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,
+                           false);
+    lanes = buildSplitRemainder(range, split, lanes, {}, fromGlobal);
+  } else {
+    lanes = buildChunkLoop(range.head, split.chunksEnd, inits, toCache, false);
+    lanes = buildChunkLoop(split.chunksEnd, range.mainEnd, lanes, fromGlobal,
+                           false);
+    lanes = buildSplitRemainder(range, split, lanes, toCache, fromGlobal);
+  }
+
+  // The lanes share the maximum: their partial sums simply add.
+  Value max = lanes[0];
+  Value rest =
+      vector::ReductionOp::create(b, vector::CombiningKind::ADD, lanes[1]);
+  Value sum;
+  if (withSum)
+    sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
+                                      lanes[2]);
+
+  // Scalar head and tail: a state of their own, merged last.
+  SmallVector<Value> tailInits = {f32(kNoMax), f32(-1.0f)};
+  if (withSum)
+    tailInits.push_back(f32(0.0f));
+  SmallVector<Value> tailState = buildScalarLoops(
+      range, vocab, tailInits,
+      [&](Value j, ValueRange state) -> SmallVector<Value> {
+        Value x = loadElement(row, j);
+        auto [tailMax, tailRest] =
+            stepState(*this, b, state[0], state[1], {x});
+        SmallVector<Value> next = {tailMax, tailRest};
+        if (withSum)
+          next.push_back(arith::AddFOp::create(b, state[2], x));
+        return next;
+      });
+  std::tie(max, rest) =
+      combineStates(max, rest, tailState[0], tailState[1]);
+  if (withSum)
+    sum = arith::AddFOp::create(b, sum, tailState[2]);
+  std::tie(max, rest) = allReduceState(max, rest);
+  if (withSum)
+    sum = allReduceSum(sum);
+  return {max, rest, sum};
+}
+
+Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
+  return arith::AddFOp::create(b, stats.max, buildLog1p(stats.rest));
+}
