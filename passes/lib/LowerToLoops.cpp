@@ -25,68 +25,6 @@ using namespace mlir;
 using namespace mlir::ce;
 using namespace mlir::ce::detail;
 
-
-/// The token of [S, B, V] row (s, b): its indices and linear index in the
-/// layout's token shape. `rowIndex` is s * B + b when the caller has it.
-static Token tokenOfRow(ImplicitLocOpBuilder &b, Layout layout, Value s,
-                        Value bIdx, Value dim0, Value dim1,
-                        Value rowIndex = {}) {
-  Token token;
-  token.rowPrefix = {s, bIdx};
-  if (layout == Layout::sbv_bs) {
-    token.indices = {bIdx, s};
-    token.linear =
-        arith::AddIOp::create(b, arith::MulIOp::create(b, bIdx, dim0), s);
-  } else {
-    token.indices = {s, bIdx};
-    token.linear = rowIndex ? rowIndex
-                            : arith::AddIOp::create(
-                                  b, arith::MulIOp::create(b, s, dim1), bIdx)
-                                  .getResult();
-  }
-  return token;
-}
-
-/// Builds the loops over all tokens of `logits` and calls `body` in the
-/// innermost one. Token loops are ordered so the logits are walked in
-/// memory order for packed [S, B, V] tensors.
-void mlir::ce::detail::buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout,
-                                       Value logits,
-                                       function_ref<void(const Token &)> body) {
-  Value c0 = arith::ConstantIndexOp::create(b, 0);
-  Value c1 = arith::ConstantIndexOp::create(b, 1);
-  Value dim0 = memref::DimOp::create(b, logits, 0);
-  if (layout == Layout::flat) {
-    buildForLoop(b, c0, dim0, c1, {},
-                 [&](Value n, ValueRange) -> SmallVector<Value> {
-                   body(Token{{n}, {n}, n});
-                   return {};
-                 });
-    return;
-  }
-  Value dim1 = memref::DimOp::create(b, logits, 1);
-  buildForLoop(b, c0, dim0, c1, {}, [&](Value s, ValueRange) {
-    buildForLoop(b, c0, dim1, c1, {},
-                 [&](Value bIdx, ValueRange) -> SmallVector<Value> {
-                   body(tokenOfRow(b, layout, s, bIdx, dim0, dim1));
-                   return {};
-                 });
-    return SmallVector<Value>{};
-  });
-}
-
-Token mlir::ce::detail::tokenOfBlock(ImplicitLocOpBuilder &b, Layout layout,
-                                     Value logits, Value blockId) {
-  if (layout == Layout::flat)
-    return Token{{blockId}, {blockId}, blockId};
-  Value dim0 = memref::DimOp::create(b, logits, 0);
-  Value dim1 = memref::DimOp::create(b, logits, 1);
-  // One division per row: blocks walk [S, B] in memory order.
-  Value s = arith::DivUIOp::create(b, blockId, dim1);
-  Value bIdx = arith::RemUIOp::create(b, blockId, dim1);
-  return tokenOfRow(b, layout, s, bIdx, dim0, dim1, blockId);
-}
-
 namespace {
 
 /// A ce op -> a loop nest over tokens whose

@@ -1,0 +1,341 @@
+//===- TokenLowering.cpp - Per-token lowering of ce ops -------------------===//
+//
+// What one token of a ce op computes (labels, ignore_index, smoothing,
+// z-loss, the loss and the target-class gradient term) and the two token
+// mappings: a loop nest over tokens on the host (ce-lower-to-loops) and one
+// token per workgroup on GPUs (ce-map-to-gpu). Shared by both passes.
+//
+//===----------------------------------------------------------------------===//
+
+#include "TokenLowering.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/MemRef/IR/MemRef.h"
+#include "mlir/Dialect/SCF/IR/SCF.h"
+
+namespace mlir::ce::detail {
+
+CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
+                                           const OpConfig &config, Value logits,
+                                           Value labels, unsigned vectorWidth,
+                                           unsigned unroll, RowThreads threads)
+    : b(b), rows(b, vectorWidth, unroll, threads), config(config),
+      logits(logits), labels(labels) {
+  if (threads.enabled())
+    isLeader = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
+                                     threads.threadId, rows.index(0));
+  auto type = cast<MemRefType>(logits.getType());
+  vocab = memref::DimOp::create(b, logits, type.getRank() - 1);
+  vocabF32 = arith::UIToFPOp::create(
+      b, b.getF32Type(),
+      arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
+  // Megatron's smoothing: s = alpha * V / (V - 1), and 0 for V == 1 where
+  // every value of s gives the same (zero) loss. A shard smooths over its
+  // own slice (Megatron's vocab-parallel V) unless told to use the
+  // global vocabulary.
+  if (hasSmoothing()) {
+    Value smoothVocab = vocabF32;
+    Value manyClasses = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt,
+                                              vocab, rows.index(1));
+    if (config.shard && config.shard.getGlobalSmoothing()) {
+      smoothVocab = rows.f32(static_cast<float>(config.shard.getVocab()));
+      manyClasses = arith::ConstantIntOp::create(b, b.getI1Type(),
+                                                 config.shard.getVocab() > 1);
+    }
+    Value alpha = rows.f32(config.labelSmoothing);
+    Value vMinusOne = arith::SubFOp::create(b, smoothVocab, rows.f32(1.0f));
+    Value s = arith::DivFOp::create(
+        b, arith::MulFOp::create(b, alpha, smoothVocab), vMinusOne);
+    smoothing = arith::SelectOp::create(b, manyClasses, s, rows.f32(0.0f));
+    uniform = arith::DivFOp::create(b, smoothing, smoothVocab);
+  }
+}
+
+void CrossEntropyLowering::leaderOnly(function_ref<void()> body) {
+  if (isLeader)
+    buildIf(b, isLeader, body);
+  else
+    body();
+}
+
+void CrossEntropyLowering::rowBarrier() {
+  if (hasThreads())
+    gpu::BarrierOp::create(b);
+}
+
+Value CrossEntropyLowering::inRange(Value value, Value bound) {
+  Value zero = arith::ConstantIntOp::create(b, b.getI64Type(), 0);
+  return arith::AndIOp::create(
+      b, arith::CmpIOp::create(b, arith::CmpIPredicate::sge, value, zero),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::slt, value, bound));
+}
+
+LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
+  LabelInfo info;
+  Value label = memref::LoadOp::create(b, labels, token.indices);
+  if (!label.getType().isInteger(64))
+    label = arith::ExtSIOp::create(b, b.getI64Type(), label);
+  info.label = label;
+  Value vocabI64 = arith::IndexCastUIOp::create(b, b.getI64Type(), vocab);
+  if (config.shard) {
+    info.valid =
+        inRange(label, arith::ConstantIntOp::create(b, b.getI64Type(),
+                                                    config.shard.getVocab()));
+    info.column =
+        arith::SubIOp::create(b, label,
+                              arith::ConstantIntOp::create(
+                                  b, b.getI64Type(), config.shard.getStart()));
+    info.inRow =
+        arith::AndIOp::create(b, info.valid, inRange(info.column, vocabI64));
+  } else {
+    info.valid = inRange(label, vocabI64);
+    info.column = label;
+    info.inRow = info.valid;
+  }
+  info.accepted = info.valid;
+  if (config.flags) {
+    Value bit =
+        arith::ConstantIntOp::create(b, b.getI64Type(), kFlagMegatronLabels);
+    Value megatron = arith::CmpIOp::create(
+        b, arith::CmpIPredicate::ne,
+        arith::AndIOp::create(b, config.flags, bit),
+        arith::ConstantIntOp::create(b, b.getI64Type(), 0));
+    info.accepted = arith::OrIOp::create(b, info.valid, megatron);
+  }
+  if (config.ignoreIndex) {
+    Value ignore =
+        arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
+    info.ignored =
+        arith::CmpIOp::create(b, arith::CmpIPredicate::eq, label, ignore);
+  } else {
+    info.ignored = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
+  }
+  auto ifOp = scf::IfOp::create(b, TypeRange{b.getF32Type()}, info.inRow,
+                                /*withElseRegion=*/true);
+  {
+    OpBuilder::InsertionGuard guard(b);
+    b.setInsertionPointToStart(ifOp.thenBlock());
+    Value column = arith::IndexCastOp::create(b, b.getIndexType(), info.column);
+    scf::YieldOp::create(b, rows.loadElement(rowOf(logits, token), column));
+    b.setInsertionPointToStart(ifOp.elseBlock());
+    scf::YieldOp::create(b, rows.f32(0.0f));
+  }
+  info.target = ifOp.getResult(0);
+  if (config.status) {
+    Value notIgnored = arith::XOrIOp::create(
+        b, info.ignored, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
+    Value notAccepted = arith::XOrIOp::create(
+        b, info.accepted, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
+    Value bad = arith::AndIOp::create(b, notIgnored, notAccepted);
+    leaderOnly([&] {
+      buildIf(b, bad, [&] {
+        Value linear =
+            arith::IndexCastUIOp::create(b, b.getI64Type(), token.linear);
+        Value code = arith::AddIOp::create(
+            b, linear, arith::ConstantIntOp::create(b, b.getI64Type(), 1));
+        memref::StoreOp::create(b, code, config.status,
+                                ValueRange{rows.index(0)});
+      });
+    });
+  }
+  return info;
+}
+
+Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
+                                      const RowStats &stats, Value lse,
+                                      Value logProb) {
+  Value loss = arith::NegFOp::create(b, logProb);
+  if (hasSmoothing()) {
+    Value mean = arith::DivFOp::create(b, stats.sum, vocabF32);
+    // lse - mean as (max - mean) + log1p(rest): the rounding of lse
+    // (half an ulp of a large max) stays out of the difference.
+    Value smoothTerm =
+        arith::AddFOp::create(b, arith::SubFOp::create(b, stats.max, mean),
+                              rows.buildLog1p(stats.rest));
+    Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
+    loss =
+        arith::AddFOp::create(b, arith::MulFOp::create(b, keep, loss),
+                              arith::MulFOp::create(b, smoothing, smoothTerm));
+  }
+  if (hasZLoss()) {
+    Value square = arith::MulFOp::create(b, lse, lse);
+    loss = arith::AddFOp::create(
+        b, loss, arith::MulFOp::create(b, rows.f32(config.zLoss), square));
+  }
+  loss = arith::SelectOp::create(b, label.accepted, loss, rows.f32(kNaN));
+  return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);
+}
+
+void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
+                                         const LabelInfo &label, Value lse,
+                                         Value logProb, Value weight,
+                                         bool afterStatistics) {
+  RowRef gradRow = rowOf(grad, token);
+  buildIf(
+      b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
+      [&] {
+        Value scale =
+            arith::SelectOp::create(b, label.accepted, weight, rows.f32(kNaN));
+        // c = 1 + 2 z lse; its excess over 1 is kept unrounded for the
+        // target term, where it may nearly cancel p_y - 1.
+        Value zTerm = rows.f32(0.0f);
+        Value c = rows.f32(1.0f);
+        if (hasZLoss()) {
+          zTerm = arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse);
+          c = arith::AddFOp::create(b, c, zTerm);
+        }
+        Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
+        rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
+                                scale, c, u, afterStatistics);
+        // The target element is rewritten after every thread's sweep.
+        rowBarrier();
+        leaderOnly([&] {
+          buildIf(b, label.inRow, [&] {
+            Value term = arith::MulFOp::create(b, rows.buildExpm1(logProb), c);
+            term = arith::AddFOp::create(b, term, zTerm);
+            if (hasSmoothing())
+              term = arith::AddFOp::create(
+                  b, term, arith::SubFOp::create(b, smoothing, uniform));
+            Value column =
+                arith::IndexCastOp::create(b, b.getIndexType(), label.column);
+            rows.storeElement(gradRow, column,
+                              arith::MulFOp::create(b, scale, term));
+          });
+        });
+      });
+}
+
+void CrossEntropyLowering::prepare(FusedOp op) {
+  if (op.getWeights().getType().getRank() == 0)
+    sharedWeight = memref::LoadOp::create(b, op.getWeights(), ValueRange{});
+}
+
+void CrossEntropyLowering::lowerToken(ForwardOp op, const Token &t) {
+  buildLossAndLse(t, op.getLoss(), op.getLse());
+}
+
+void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
+  LabelInfo label = readLabel(t);
+  // Under overwrite_input another thread's sweep may overwrite x[y].
+  if (op.getOverwriteInput())
+    rowBarrier();
+  Value lse = memref::LoadOp::create(b, op.getLse(), t.indices);
+  Value weight = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
+  // Given only the rounded lse, x_y - lse is the best log p_y there is;
+  // the subtraction itself is exact when p_y is near 1.
+  Value logProb = arith::SubFOp::create(b, label.target, lse);
+  buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+}
+
+void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
+  LabelInfo label = readLabel(t);
+  RowStats stats =
+      rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+  Value target =
+      arith::SelectOp::create(b, label.accepted, label.target, rows.f32(kNaN));
+  target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
+  Value sum = hasSmoothing() ? stats.sum : rows.f32(0.0f);
+  leaderOnly([&] {
+    Value values[] = {stats.max, stats.rest, target, sum};
+    for (auto [i, value] : llvm::enumerate(values)) {
+      SmallVector<Value, 3> indices(t.indices.begin(), t.indices.end());
+      indices.push_back(rows.index(i));
+      memref::StoreOp::create(b, value, op.getStats(), indices);
+    }
+  });
+}
+
+void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
+  TokenForward forward = buildLossAndLse(t, op.getLoss(), op.getLse());
+  Value weight =
+      sharedWeight
+          ? sharedWeight
+          : memref::LoadOp::create(b, op.getWeights(), t.indices).getResult();
+  buildGradient(t, op.getGrad(), forward.label, forward.lse, forward.logProb,
+                weight, /*afterStatistics=*/true);
+}
+
+CrossEntropyLowering::TokenForward
+CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
+                                      Value lseOut) {
+  LabelInfo label = readLabel(t);
+  RowStats stats =
+      rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+  Value lse = rows.buildLogSumExp(stats);
+  Value shifted = arith::SubFOp::create(b, label.target, stats.max);
+  // Megatron's out-of-range label: predicted logit 0 after the max shift.
+  if (config.flags)
+    shifted = arith::SelectOp::create(b, label.inRow, shifted, rows.f32(0.0f));
+  Value logProb =
+      arith::SubFOp::create(b, shifted, rows.buildLog1p(stats.rest));
+  Value loss = buildLoss(label, stats, lse, logProb);
+  leaderOnly([&] {
+    memref::StoreOp::create(b, loss, lossOut, t.indices);
+    memref::StoreOp::create(b, lse, lseOut, t.indices);
+  });
+  return {label, lse, logProb};
+}
+
+/// The token of [S, B, V] row (s, b): its indices and linear index in the
+/// layout's token shape. `rowIndex` is s * B + b when the caller has it.
+static Token tokenOfRow(ImplicitLocOpBuilder &b, Layout layout, Value s,
+                        Value bIdx, Value dim0, Value dim1,
+                        Value rowIndex = {}) {
+  Token token;
+  token.rowPrefix = {s, bIdx};
+  if (layout == Layout::sbv_bs) {
+    token.indices = {bIdx, s};
+    token.linear =
+        arith::AddIOp::create(b, arith::MulIOp::create(b, bIdx, dim0), s);
+  } else {
+    token.indices = {s, bIdx};
+    token.linear =
+        rowIndex
+            ? rowIndex
+            : arith::AddIOp::create(b, arith::MulIOp::create(b, s, dim1), bIdx)
+                  .getResult();
+  }
+  return token;
+}
+
+/// Builds the loops over all tokens of `logits` and calls `body` in the
+/// innermost one. Token loops are ordered so the logits are walked in
+/// memory order for packed [S, B, V] tensors.
+void buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,
+                     function_ref<void(const Token &)> body) {
+  Value c0 = arith::ConstantIndexOp::create(b, 0);
+  Value c1 = arith::ConstantIndexOp::create(b, 1);
+  Value dim0 = memref::DimOp::create(b, logits, 0);
+  if (layout == Layout::flat) {
+    buildForLoop(b, c0, dim0, c1, {},
+                 [&](Value n, ValueRange) -> SmallVector<Value> {
+                   body(Token{{n}, {n}, n});
+                   return {};
+                 });
+    return;
+  }
+  Value dim1 = memref::DimOp::create(b, logits, 1);
+  buildForLoop(b, c0, dim0, c1, {}, [&](Value s, ValueRange) {
+    buildForLoop(b, c0, dim1, c1, {},
+                 [&](Value bIdx, ValueRange) -> SmallVector<Value> {
+                   body(tokenOfRow(b, layout, s, bIdx, dim0, dim1));
+                   return {};
+                 });
+    return SmallVector<Value>{};
+  });
+}
+
+Token tokenOfBlock(ImplicitLocOpBuilder &b, Layout layout, Value logits,
+                   Value blockId) {
+  if (layout == Layout::flat)
+    return Token{{blockId}, {blockId}, blockId};
+  Value dim0 = memref::DimOp::create(b, logits, 0);
+  Value dim1 = memref::DimOp::create(b, logits, 1);
+  // One division per row: blocks walk [S, B] in memory order.
+  Value s = arith::DivUIOp::create(b, blockId, dim1);
+  Value bIdx = arith::RemUIOp::create(b, blockId, dim1);
+  return tokenOfRow(b, layout, s, bIdx, dim0, dim1, blockId);
+}
+
+} // namespace mlir::ce::detail
