@@ -21,6 +21,9 @@ stream without synchronizing; a label out of range there is reported by a later 
 Under tensor parallelism, logits split over the vocabulary go to
 :func:`vocab_parallel_cross_entropy` (one all-reduce of per-token shard statistics in the
 forward, none in the backward; see ``cegen.tensor_parallel``).
+
+The output layer and the loss together, so that the logits never exist in full:
+:func:`linear_cross_entropy` (``cegen.linear``).
 """
 
 from ._bundle_cache import find_ce_gen
@@ -39,6 +42,7 @@ from ._library import HAS_CUSTOM_OP
 from ._ownership import OverwriteRefusedWarning, reset_overwrite_warnings
 from ._runtime import Bundle, get_runtime, runtime_available
 from ._variant import VariantKey
+from .linear import linear_cross_entropy
 from .ops import cross_entropy
 from .tensor_parallel import combine_shard_stats, vocab_parallel_cross_entropy
 
@@ -46,6 +50,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "cross_entropy",
+    "linear_cross_entropy",
     "vocab_parallel_cross_entropy",
     "combine_shard_stats",
     "check_labels",

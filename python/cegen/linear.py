@@ -1,0 +1,262 @@
+"""``cegen.linear_cross_entropy``: the output projection and the loss together.
+
+The logits ``hidden @ weight.T (+ bias)`` of a language model's output layer are its largest
+activation (``[N, V]``: 2.1 GB in bf16 at 8192 tokens and V = 128256). Here they exist one
+chunk of tokens at a time: per chunk the framework's GEMM (``torch.matmul``: cuBLAS, hipBLAS,
+MKL) makes the chunk's logits, cegen's kernels compute the loss and write the gradient over
+the chunk's own buffer, and two more GEMMs turn that gradient into the chunk's share of
+``d hidden`` and ``d weight``. No GEMM of cegen's own, no ``[N, V]`` buffer.
+
+Two schedules:
+
+* ``grad_weights`` given (the upstream gradient each token's loss will receive, e.g.
+  ``1 / num_tokens`` for a mean): the fused kernel computes the loss and the weighted
+  gradient in the forward, which then also finishes ``d hidden`` and ``d weight``: three
+  GEMMs in all. If the upstream gradient that autograd delivers is not ``grad_weights``, the
+  backward recomputes (below), so the result is right for any upstream gradient.
+* otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
+  each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
+  with the chunk's upstream gradient, stride-0 and zeros included.
+
+Not covered yet (cegen.cross_entropy has none of them either, or they live elsewhere):
+logit scale and softcap, vocabulary-parallel weights, the Megatron integration.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple, Union
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import _kernels
+from ._errors import InvalidInputError
+from ._kernels import KernelOptions
+
+__all__ = ["linear_cross_entropy", "default_chunk_tokens"]
+
+GradWeights = Union[None, float, int, torch.Tensor]
+
+#: Bytes of logits one chunk may hold by default: small next to the GEMMs' operands, large
+#: enough that each GEMM of a chunk keeps the device busy (at V = 128256 in bf16, 1024 tokens).
+DEFAULT_CHUNK_BYTES = 256 << 20
+
+
+def default_chunk_tokens(num_tokens: int, vocab: int, element_bytes: int,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Tokens per chunk: as many as ``chunk_bytes`` of logits hold, at least 1."""
+    per_token = max(1, vocab * element_bytes)
+    return max(1, min(max(num_tokens, 1), chunk_bytes // per_token))
+
+
+def _chunks(num_tokens: int, chunk: int):
+    for start in range(0, num_tokens, chunk):
+        yield start, min(num_tokens, start + chunk)
+
+
+def _logits_of(hidden: torch.Tensor, weight: torch.Tensor,
+               bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """One chunk's logits, a fresh contiguous buffer the kernels may overwrite."""
+    if bias is None:
+        return torch.matmul(hidden, weight.t())
+    return torch.addmm(bias, hidden, weight.t())
+
+
+def _accumulate(grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
+                grad_bias: Optional[torch.Tensor], grad_logits: torch.Tensor,
+                hidden: torch.Tensor, weight: torch.Tensor) -> None:
+    """``d hidden`` of the chunk and its share of ``d weight`` (and ``d bias``)."""
+    torch.matmul(grad_logits, weight, out=grad_hidden)
+    grad_weight.addmm_(grad_logits.t(), hidden)
+    if grad_bias is not None:
+        grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32).to(grad_bias.dtype))
+
+
+def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
+    grad_hidden = torch.empty_like(hidden)
+    grad_weight = torch.zeros_like(weight)
+    grad_bias = None if bias is None else torch.zeros_like(bias)
+    return grad_hidden, grad_weight, grad_bias
+
+
+def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     labels: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
+                     options: KernelOptions, chunk: int):
+    """The backward that recomputes each chunk's logits: correct for any ``grad_loss``."""
+    grad_hidden, grad_weight, grad_bias = _zero_grads(hidden, weight, bias)
+    for start, end in _chunks(hidden.shape[0], chunk):
+        logits = _logits_of(hidden[start:end], weight, bias)
+        _kernels.backward(logits, labels[start:end], lse[start:end], grad_loss[start:end],
+                          options, overwrite=True)
+        _accumulate(grad_hidden[start:end], grad_weight, grad_bias, logits, hidden[start:end],
+                    weight)
+    return grad_hidden, grad_weight, grad_bias
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Rows of ``hidden`` ``[N, H]``, ``weight`` ``[V, H]``, row labels ``[N]``."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
+                bias: Optional[torch.Tensor], labels: torch.Tensor,
+                weights: Optional[torch.Tensor], options: KernelOptions,
+                chunk: int) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        loss = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
+        lse = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
+        needs_grad = any(ctx.needs_input_grad[:3])
+        fused = needs_grad and weights is not None
+        if fused:
+            grads = _zero_grads(hidden, weight, bias)
+        for start, end in _chunks(num_tokens, chunk):
+            logits = _logits_of(hidden[start:end], weight, bias)
+            if fused:
+                chunk_weights = weights if weights.dim() == 0 else weights[start:end]
+                loss_c, lse_c, _ = _kernels.fused(logits, labels[start:end], chunk_weights,
+                                                  options, overwrite=True)
+                _accumulate(grads[0][start:end], grads[1], grads[2], logits,
+                            hidden[start:end], weight)
+            else:
+                loss_c, lse_c = _kernels.forward(logits, labels[start:end], options)
+            loss[start:end] = loss_c
+            lse[start:end] = lse_c
+            del logits
+        ctx.options, ctx.chunk, ctx.has_bias = options, chunk, bias is not None
+        if fused:
+            ctx.save_for_backward(hidden, weight, bias, labels, lse, weights, *grads[:2],
+                                  grads[2])
+        else:
+            ctx.save_for_backward(hidden, weight, bias, labels, lse, None, None, None, None)
+        ctx.fused = fused
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        (hidden, weight, bias, labels, lse, weights, grad_hidden, grad_weight,
+         grad_bias) = ctx.saved_tensors
+        grad_loss = grad_loss.float()
+        if ctx.fused:
+            expected = weights.expand_as(grad_loss) if weights.dim() == 0 else weights
+            # One device-to-host read: whether the forward's gradients are the answer.
+            if bool(torch.equal(grad_loss, expected.to(grad_loss.dtype))):
+                return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss, ctx.options,
+                                 ctx.chunk)
+        return grads[0], grads[1], grads[2], None, None, None, None
+
+
+def _row_labels(labels: torch.Tensor, hidden_shape: Tuple[int, ...],
+                label_layout: str) -> torch.Tensor:
+    """Labels in the rows' order (token t = s * B + b for ``[S, B, H]`` hidden)."""
+    if len(hidden_shape) == 2:
+        expected = (hidden_shape[0],)
+        rows = labels
+    else:
+        seq, batch = hidden_shape[0], hidden_shape[1]
+        expected = (batch, seq) if label_layout == "bs" else (seq, batch)
+        rows = labels.transpose(0, 1) if label_layout == "bs" else labels
+    if tuple(labels.shape) != expected:
+        raise InvalidInputError(
+            f"labels of shape {tuple(labels.shape)} do not fit hidden {tuple(hidden_shape)}: "
+            f"expected {list(expected)}"
+            + ("" if len(hidden_shape) == 2 else f" (label_layout={label_layout!r})"))
+    return rows.reshape(-1).contiguous()
+
+
+def _row_weights(grad_weights: GradWeights, hidden: torch.Tensor, hidden_shape,
+                 label_layout: str) -> Optional[torch.Tensor]:
+    if grad_weights is None:
+        return None
+    if isinstance(grad_weights, bool) or not isinstance(grad_weights, (int, float, torch.Tensor)):
+        raise InvalidInputError(
+            f"grad_weights must be a number or a tensor, got {type(grad_weights).__name__}")
+    if not isinstance(grad_weights, torch.Tensor):
+        return torch.tensor(float(grad_weights), dtype=torch.float32, device=hidden.device)
+    if not grad_weights.is_floating_point():
+        raise InvalidInputError(f"grad_weights must be floating point, got {grad_weights.dtype}")
+    if grad_weights.device != hidden.device:
+        raise InvalidInputError(
+            f"grad_weights are on {grad_weights.device} but hidden is on {hidden.device}")
+    weights = grad_weights.detach().float()
+    if weights.dim() == 0:
+        return weights
+    return _row_labels(weights, hidden_shape, label_layout)
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: Optional[torch.Tensor] = None,
+    ignore_index: Optional[int] = None,
+    label_smoothing: float = 0.0,
+    z_loss: float = 0.0,
+    label_layout: str = "bs",
+    grad_weights: GradWeights = None,
+    chunk_tokens: Optional[int] = None,
+    bundle: Union[None, str, "os.PathLike[str]"] = None,
+    label_out_of_range: str = "error",
+) -> torch.Tensor:
+    """Per-token cross entropy (fp32) of the logits ``hidden @ weight.T + bias``, computed a
+    chunk of tokens at a time so that the ``[N, V]`` logits never exist in full.
+
+    Args:
+        hidden: ``[N, H]`` or Megatron's ``[S, B, H]`` (bf16, fp16, fp32).
+        weight: ``[V, H]``, the output layer's weight, the same dtype and device.
+        labels: as for :func:`cegen.cross_entropy`: ``[N]``, or ``[B, S]`` / ``[S, B]``
+            (``label_layout``) for ``[S, B, H]`` hidden.
+        bias: optional ``[V]``.
+        ignore_index, label_smoothing, z_loss, label_out_of_range: as for
+            :func:`cegen.cross_entropy`.
+        grad_weights: the upstream gradient each token's loss will receive (a number, or a
+            tensor of the labels' shape), known now: the forward then finishes the gradients
+            (three GEMMs). A backward whose upstream gradient differs recomputes instead.
+        chunk_tokens: tokens per chunk (default: 256 MiB of logits).
+        bundle: a bundle directory to take the kernels from (default: the cache).
+
+    Returns:
+        The per-token loss, float32, in the labels' shape; differentiable w.r.t. ``hidden``,
+        ``weight`` and ``bias``.
+    """
+    for name, tensor in (("hidden", hidden), ("weight", weight), ("labels", labels)):
+        if not isinstance(tensor, torch.Tensor):
+            raise InvalidInputError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if hidden.dim() not in (2, 3):
+        raise InvalidInputError(f"hidden must be [N, H] or [S, B, H], got {tuple(hidden.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise InvalidInputError(
+            f"weight must be [V, H] with H = {hidden.shape[-1]}, got {tuple(weight.shape)}")
+    if weight.dtype != hidden.dtype or weight.device != hidden.device:
+        raise InvalidInputError(
+            f"weight ({weight.dtype}, {weight.device}) must match hidden ({hidden.dtype}, "
+            f"{hidden.device})")
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != hidden.dtype
+                             or bias.device != hidden.device):
+        raise InvalidInputError(
+            f"bias must be [V] = [{weight.shape[0]}] of {hidden.dtype} on {hidden.device}, got "
+            f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
+    if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
+                                     or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
+        raise InvalidInputError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    options = KernelOptions(ignore_index, label_smoothing, z_loss, "bs",
+                            None if bundle is None else os.fspath(bundle),
+                            label_out_of_range=label_out_of_range)
+    if label_layout not in ("bs", "sb"):
+        raise InvalidInputError(f"label_layout must be 'bs' or 'sb', got {label_layout!r}")
+    hidden_shape = tuple(hidden.shape)
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    row_labels = _row_labels(labels, hidden_shape, label_layout)
+    weights = _row_weights(grad_weights, hidden, hidden_shape, label_layout)
+    chunk = chunk_tokens or default_chunk_tokens(rows.shape[0], weight.shape[0],
+                                                 hidden.element_size())
+    loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk)
+    if len(hidden_shape) == 3:
+        loss = loss.view(hidden_shape[0], hidden_shape[1])  # [S, B]
+        if label_layout == "bs":
+            loss = loss.t().contiguous()
+    return loss
