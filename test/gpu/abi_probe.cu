@@ -55,6 +55,9 @@ extern "C" __global__ void __launch_bounds__(256)
     loss[loss_offset + t * loss_stride] = NAN;
     return;
   }
+  // log(sum) - (x_y - m), not lse - x_y: at |m| near 2^100 the double lse
+  // has lost log(sum) to rounding.
+  double target = (double)row[label * vocab_stride];
   loss[loss_offset + t * loss_stride] =
-      (float)(lse_value - (double)row[label * vocab_stride]);
+      (float)(isinf(m) ? lse_value - target : log(partial[0]) - (target - m));
 }

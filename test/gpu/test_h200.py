@@ -911,6 +911,26 @@ PROBE_KEY = ("op=forward,logits=f32,labels=i64,layout=flat,ignore_index=none,lab
              "z_loss=0,overwrite=0,weights=none")
 
 
+def probe_refuses_flags(h: Harness, report: Report, key: Key, case: Case) -> None:
+    """The probe's kernel takes no flags (a version 1 manifest): a call asking for
+    CE_LABEL_POLICY_MEGATRON must be refused with a clear error, launching nothing."""
+    dev = h.device
+    logits = torch.randn((3, case.vocab), device=dev)
+    labels = torch.tensor([0, -100, case.vocab + 5], device=dev)
+    loss = torch.full((3,), float("nan"), device=dev)
+    lse = torch.full((3,), float("nan"), device=dev)
+    message = ""
+    try:
+        h.rt.forward(h.kernels[key.text], h.options(key, False, True), h.desc(logits, "f32"),
+                     h.desc(labels, "i64"), h.desc(loss, "f32"), h.desc(lse, "f32"), h.stream())
+    except Exception as error:  # the binding raises VariantNotFoundError
+        message = str(error)
+    h.sync()
+    report.check("takes no run-time flags" in message and bool(torch.isnan(lse).all()),
+                 key.text, case.name,
+                 lambda: f"a flag-less kernel asked for Megatron's labels: {message or 'no error'}")
+
+
 def part_probe(h: Harness, seed: int, results: Dict, out: Path) -> None:
     import shutil
     import subprocess
@@ -943,6 +963,9 @@ def part_probe(h: Harness, seed: int, results: Dict, out: Path) -> None:
     report = Report()
     key = Key.parse(PROBE_KEY)
     for case in CASES:
+        if case.megatron_labels:
+            probe_refuses_flags(probe, report, key, case)
+            continue
         run_case(probe, report, key, case, torch.Generator().manual_seed(mix(seed, case.name)))
     for token, label in [(8, 7), (0, -1), (4, 1 << 40), (5, 99)]:
         run_bad_label(probe, report, key, token, label,
@@ -1041,7 +1064,7 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
     s_len, b_len, v = 32, 4, 32000
     key = make_key("forward", "bf16", "i64", "sbv_bs")
     failures: List[str] = []
-    args = (-100, 0.0, 0.0, "bs", None)
+    args = (-100, 0.0, 0.0, "bs", None, "error")  # ..., label_out_of_range
     static_logits = torch.zeros((s_len, b_len, v), dtype=torch.bfloat16, device=dev)
     static_labels = torch.zeros((b_len, s_len), dtype=torch.int64, device=dev)
     static_grad_loss = torch.ones((b_len, s_len), device=dev)
@@ -1108,7 +1131,7 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
         other = torch.cuda.CUDAGraph()
         with torch.cuda.graph(other):
             loss16, _ = _library.forward(logits16, labels16, None, fresh_key.label_smoothing,
-                                         fresh_key.z_loss, "bs", None)
+                                         fresh_key.z_loss, "bs", None, "error")
         other.replay()
         torch.cuda.synchronize()
         ref16, _ = torch_reference(logits16, labels16, fresh_key, "bs")
