@@ -23,10 +23,11 @@ import torch
 
 from . import _bundle_cache
 from ._errors import InvalidInputError
-from ._runtime import Device, DType, LabelLayout, Options, TensorDesc, get_runtime
+from ._runtime import Device, DType, LabelLayout, LabelPolicy, Options, TensorDesc, get_runtime
 from ._variant import VariantKey, to_f32
 
 __all__ = [
+    "LABEL_OUT_OF_RANGE_POLICIES",
     "KernelOptions",
     "Shard",
     "shard_stats",
@@ -44,6 +45,12 @@ _LOGITS_DTYPES = {torch.bfloat16: ("bf16", DType.BF16), torch.float16: ("f16", D
                   torch.float32: ("f32", DType.F32)}
 _LABEL_DTYPES = {torch.int32: ("i32", DType.I32), torch.int64: ("i64", DType.I64)}
 _ALL_DTYPES = {**_LOGITS_DTYPES, **_LABEL_DTYPES}
+
+#: ``label_out_of_range`` values and the runtime's ``label_policy`` for each: "error" (a
+#: label outside ``[0, V)`` that is not the ignore_index is bad input, reported) and
+#: "megatron" (Megatron-Core's vocab-parallel semantics: the row maximum stands in for the
+#: target logit, so the loss is ``lse - max`` and the gradient has no one-hot term).
+LABEL_OUT_OF_RANGE_POLICIES = {"error": LabelPolicy.STRICT, "megatron": LabelPolicy.MEGATRON}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +87,11 @@ class KernelOptions:
         bundle: an explicit bundle directory, or None for the cache.
         shard: the logits' vocabulary slice (:func:`shard_stats` and :func:`backward`),
             or None.
+        label_out_of_range: what a label outside ``[0, V)`` (the whole vocabulary of a
+            shard) that is not the ignore_index does: ``"error"`` raises
+            :class:`~cegen.LabelOutOfRangeError`; ``"megatron"`` gives it Megatron-Core's
+            loss ``(1-s)(lse - max) + s(lse - mean) + z lse^2`` and gradient
+            ``g (p (1 + 2 z lse) - s/V)``. A kernel argument: it selects no variant.
     """
 
     ignore_index: Optional[int] = None
@@ -88,6 +100,7 @@ class KernelOptions:
     label_layout: str = "bs"
     bundle: Optional[str] = None
     shard: Optional[Shard] = None
+    label_out_of_range: str = "error"
 
     def __post_init__(self) -> None:
         if self.ignore_index is not None and not isinstance(self.ignore_index, int):
@@ -105,6 +118,13 @@ class KernelOptions:
             )
         if self.shard is not None and not isinstance(self.shard, Shard):
             raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
+        if (not isinstance(self.label_out_of_range, str)
+                or self.label_out_of_range not in LABEL_OUT_OF_RANGE_POLICIES):
+            raise InvalidInputError(
+                f"label_out_of_range must be 'error' (a label outside [0, V) that is not the "
+                f"ignore_index raises LabelOutOfRangeError) or 'megatron' (Megatron-Core's "
+                f"loss lse - max and softmax gradient for it), got {self.label_out_of_range!r}"
+            )
         object.__setattr__(self, "label_smoothing", to_f32(smoothing))
         object.__setattr__(self, "z_loss", to_f32(z_loss))
 
@@ -274,6 +294,7 @@ def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
         runtime_options.shard_start = options.shard.start
         runtime_options.shard_vocab = options.shard.vocab
         runtime_options.shard_global_smoothing = 1 if options.shard.global_smoothing else 0
+    runtime_options.label_policy = LABEL_OUT_OF_RANGE_POLICIES[options.label_out_of_range]
     return runtime_options
 
 
@@ -330,9 +351,10 @@ def check_labels(device: Optional[torch.device] = None, wait: bool = True) -> No
     Waits for the current stream of ``device`` (default: the current CUDA device) and
     raises :class:`~cegen.LabelOutOfRangeError` naming the first launch since the last
     check whose kernel met a label outside ``[0, V)`` that is not the ignore_index (the
-    token, its label, the variant); each report is made once. With ``wait=False`` it
-    never blocks and sees the kernels that have finished. Launches captured into a CUDA
-    graph report each replay that meets a bad label.
+    token, its label, the variant); each report is made once. Launches made with
+    ``label_out_of_range="megatron"`` report nothing: such a label is valid there. With
+    ``wait=False`` it never blocks and sees the kernels that have finished. Launches
+    captured into a CUDA graph report each replay that meets a bad label.
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -441,8 +463,9 @@ def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptio
 
     Returns (or fills ``out``, any strides) an fp32 tensor of the labels' shape followed
     by 4: per token the slice's max ``m``, ``sum_j exp(x_j - m) - 1``, the target logit
-    when the label falls in the slice (0 elsewhere or when ignored, NaN for a label
-    outside ``[0, vocab)``), and the slice's row sum with label smoothing (else 0).
+    when the label falls in the slice (0 elsewhere or when ignored; for a label outside
+    ``[0, vocab)`` NaN, or 0 with ``label_out_of_range="megatron"``), and the slice's row
+    sum with label smoothing (else 0).
     ``options.z_loss`` must be 0: the z-loss applies to the combined log-sum-exp.
     """
     if options.shard is None:

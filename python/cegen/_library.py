@@ -34,8 +34,10 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "
 
 
 def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-             label_layout: str, bundle: Optional[str]) -> KernelOptions:
-    return KernelOptions(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+             label_layout: str, bundle: Optional[str],
+             label_out_of_range: str) -> KernelOptions:
+    return KernelOptions(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                         label_out_of_range=label_out_of_range)
 
 
 # -- implementations (schema-friendly signatures: tensors and primitives only) -------------
@@ -43,17 +45,19 @@ def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
 
 def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor]:
     """Per-token (loss, lse)."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                       label_out_of_range)
     return _kernels.forward(logits, labels, options)
 
 
 def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
                   ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                  label_layout: str, bundle: Optional[str]) -> Tensor:
+                  label_layout: str, bundle: Optional[str], label_out_of_range: str) -> Tensor:
     """The gradient in a fresh tensor."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                       label_out_of_range)
     grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False)
     assert grad is not None
     return grad
@@ -61,17 +65,20 @@ def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor
 
 def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
                             ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                            label_layout: str, bundle: Optional[str]) -> None:
+                            label_layout: str, bundle: Optional[str],
+                            label_out_of_range: str) -> None:
     """The gradient written over ``logits``."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                       label_out_of_range)
     _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True)
 
 
 def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
-               bundle: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+               bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, weighted gradient in a fresh tensor)."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                       label_out_of_range)
     loss, lse, grad = _kernels.fused(logits, labels, weights, options, overwrite=False)
     assert grad is not None
     return loss, lse, grad
@@ -79,9 +86,11 @@ def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 
 def fused_overwrite_impl(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                         label_layout: str, bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+                         label_layout: str, bundle: Optional[str],
+                         label_out_of_range: str) -> Tuple[Tensor, Tensor]:
     """(loss, lse); the weighted gradient is written over ``logits``."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle)
+    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                       label_out_of_range)
     loss, lse, _ = _kernels.fused(logits, labels, weights, options, overwrite=True)
     return loss, lse
 
@@ -97,28 +106,29 @@ def _token_outputs(logits: Tensor, label_layout: str) -> Tuple[Tensor, Tensor]:
 
 def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor]:
     """Fake of :func:`forward_impl`."""
     return _token_outputs(logits, label_layout)
 
 
 def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
                   ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                  label_layout: str, bundle: Optional[str]) -> Tensor:
+                  label_layout: str, bundle: Optional[str], label_out_of_range: str) -> Tensor:
     """Fake of :func:`backward_impl`."""
     return torch.empty_like(logits)
 
 
 def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
                             ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                            label_layout: str, bundle: Optional[str]) -> None:
+                            label_layout: str, bundle: Optional[str],
+                            label_out_of_range: str) -> None:
     """Fake of :func:`backward_overwrite_impl`."""
     return None
 
 
 def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
-               bundle: Optional[str]) -> Tuple[Tensor, Tensor, Tensor]:
+               bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`fused_impl`."""
     loss, lse = _token_outputs(logits, label_layout)
     return loss, lse, torch.empty_like(logits)
@@ -126,7 +136,8 @@ def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 
 def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                         label_layout: str, bundle: Optional[str]) -> Tuple[Tensor, Tensor]:
+                         label_layout: str, bundle: Optional[str],
+                         label_out_of_range: str) -> Tuple[Tensor, Tensor]:
     """Fake of :func:`fused_overwrite_impl`."""
     return _token_outputs(logits, label_layout)
 

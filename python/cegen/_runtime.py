@@ -28,6 +28,7 @@ __all__ = [
     "DType",
     "Device",
     "LabelLayout",
+    "LabelPolicy",
     "TensorDesc",
     "Options",
     "Runtime",
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 1
+CE_RUNTIME_BUNDLE_VERSION = 2
 
 
 class Status:
@@ -74,6 +75,18 @@ class LabelLayout:
 
     BS = 0
     SB = 1
+
+
+class LabelPolicy:
+    """``ce_label_policy`` values (``ce_options.label_policy``, a run-time value): what a
+    label outside ``[0, V)`` (``[0, shard_vocab)`` for a slice) that is not the
+    ignore_index does."""
+
+    #: ``CE_LABEL_POLICY_STRICT``: NaN loss and gradient row, ``CE_ERROR_LABEL_OUT_OF_RANGE``.
+    STRICT = 0
+    #: ``CE_LABEL_POLICY_MEGATRON``: Megatron-Core's semantics, the row maximum stands in
+    #: for the target logit (loss ``lse - max``, gradient ``softmax``), no error.
+    MEGATRON = 1
 
 
 _STATUS_ERRORS: Dict[int, Type[CegenError]] = {
@@ -137,6 +150,7 @@ class Options(ctypes.Structure):
         ("shard_start", ctypes.c_int64),
         ("shard_vocab", ctypes.c_int64),
         ("shard_global_smoothing", ctypes.c_int32),
+        ("label_policy", ctypes.c_int),
     ]
 
 

@@ -29,6 +29,16 @@ and write the ``[B, S]`` loss directly. It runs cegen only when
 
 every other case calls the original implementation unchanged and logs why, once per
 reason (logger ``cegen.megatron``). No environment variable enables or changes any of it.
+
+Labels keep Megatron's contract too: Megatron accepts any label id, and its SFT datasets
+label prompt tokens -100 and mask them with ``loss_mask``. With
+``cross_entropy_fusion_impl="native"`` (Megatron-Core's own vocab-parallel loss) a label
+outside ``[0, V)`` gets Core's values: ``loss = lse - max`` (its target logit is taken as
+the row maximum) and the gradient ``softmax`` without a one-hot term
+(``label_out_of_range="megatron"``). With ``"te"`` (Transformer Engine's
+``parallel_cross_entropy``, whose ``ignore_idx`` is -100) a label -100 gets loss 0 and a
+zero gradient row, as in TE, and any other label outside ``[0, V)`` Core's values (TE's
+own loss there is +inf, which a zero ``loss_mask`` turns into NaN). docs/megatron.md.
 """
 
 from __future__ import annotations
@@ -325,6 +335,23 @@ def supported_case(module: Any, labels: Any, logits: Any) -> Optional[str]:
 #: (MTP acceptance counts) run in the forward, before the gradient is written.
 _MEGATRON_CALLER_REFS = 1
 
+#: Transformer Engine's ``parallel_cross_entropy`` ignore_idx, as Megatron calls it
+#: (``te_parallel_cross_entropy`` passes no ignore_idx, so TE's default).
+_TE_IGNORE_INDEX = -100
+
+
+def _label_options(module: Any) -> Dict[str, Any]:
+    """The label semantics of the implementation the module's config selects.
+
+    Megatron-Core's native loss accepts every label id: one outside the vocabulary gets
+    ``lse - max`` and a softmax gradient. TE's ignores -100 (loss 0, zero gradient row);
+    for other ids outside the vocabulary TE's loss is +inf (times a zero loss mask: NaN),
+    so cegen keeps Core's values there.
+    """
+    impl = getattr(getattr(module, "config", None), "cross_entropy_fusion_impl", "native")
+    ignore_index = _TE_IGNORE_INDEX if impl == "te" else None
+    return {"ignore_index": ignore_index, "label_out_of_range": "megatron"}
+
 
 def _make_patched(original: Callable[..., torch.Tensor],
                   settings: TurboCESettings) -> Callable[..., torch.Tensor]:
@@ -335,17 +362,19 @@ def _make_patched(original: Callable[..., torch.Tensor],
         if reason is not None:
             _log_fallback(reason)
             return original(self, labels, logits)
+        label_options = _label_options(self)
         if tp_group is not None:
             # Vocab-parallel logits: this rank's slice; labels are global ids. Megatron's
-            # loss here has no label smoothing, z-loss or ignore_index.
+            # loss here has no label smoothing or z-loss.
             return vocab_parallel_cross_entropy_vouched(
                 logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
                 group=tp_group, label_layout="bs",
-                overwrite_input=settings.turbo_ce_overwrite_input,
+                overwrite_input=settings.turbo_ce_overwrite_input, **label_options,
             )
         return cross_entropy_vouched(
             logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
             label_layout="bs", overwrite_input=settings.turbo_ce_overwrite_input,
+            **label_options,
         )
 
     compute_language_model_loss._cegen_original = original  # type: ignore[attr-defined]

@@ -38,8 +38,9 @@ BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
 
 
 def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
+    """The options as the custom ops' trailing arguments, in their schema's order."""
     return (options.ignore_index, options.label_smoothing, options.z_loss,
-            options.label_layout, options.bundle)
+            options.label_layout, options.bundle, options.label_out_of_range)
 
 
 def _per_token_column(values: torch.Tensor, logits_ndim: int, label_layout: str) -> torch.Tensor:
@@ -86,9 +87,10 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                label_layout: str, bundle: Optional[str],
+                label_layout: str, bundle: Optional[str], label_out_of_range: str,
                 overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle)
+        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                   label_out_of_range)
         loss, lse = _library.forward(logits, labels, *op_args)
         ctx.save_for_backward(logits, labels, lse)
         ctx.op_args = op_args
@@ -107,7 +109,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             grad = logits.detach()
         else:
             grad = _library.backward(logits, labels, lse, grad_loss, *ctx.op_args)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None
 
 
 class _FusedCrossEntropyFunction(torch.autograd.Function):
@@ -117,8 +119,9 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 weights: torch.Tensor, ignore_index: Optional[int], label_smoothing: float,
                 z_loss: float, label_layout: str, bundle: Optional[str],
-                overwrite: bool) -> torch.Tensor:
-        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle)
+                label_out_of_range: str, overwrite: bool) -> torch.Tensor:
+        op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
+                   label_out_of_range)
         if overwrite:
             loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
             bump_version(logits)
@@ -143,7 +146,7 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
         ctx.used = True
         grad, weights = ctx.saved_tensors
         grad = _rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def _bundle_path(bundle: BundleArg) -> Optional[str]:
@@ -183,6 +186,7 @@ def cross_entropy_vouched(
     label_layout: str = "bs",
     grad_weights: GradWeights = None,
     bundle: BundleArg = None,
+    label_out_of_range: str = "error",
 ) -> torch.Tensor:
     """:func:`cross_entropy` for integrations that measured the logits' references themselves.
 
@@ -191,7 +195,7 @@ def cross_entropy_vouched(
     its caller holds and never reads again (see ``cegen._ownership``).
     """
     options = KernelOptions(ignore_index, label_smoothing, z_loss, label_layout,
-                            _bundle_path(bundle))
+                            _bundle_path(bundle), label_out_of_range=label_out_of_range)
     check_inputs(logits, labels, options)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
@@ -216,6 +220,7 @@ def cross_entropy(
     label_layout: str = "bs",
     grad_weights: GradWeights = None,
     bundle: BundleArg = None,
+    label_out_of_range: str = "error",
 ) -> torch.Tensor:
     """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
 
@@ -239,14 +244,21 @@ def cross_entropy(
             computes the gradient too. Backward rescales it if the upstream gradient differs.
         bundle: a bundle directory (or :class:`cegen.Bundle`) made by ``ce-gen`` to take the
             kernels from; by default the cache finds or builds them.
+        label_out_of_range: what a label outside ``[0, V)`` that is not the ignore_index
+            does. ``"error"`` (the default: such a label is a bug in the caller's data)
+            raises :class:`~cegen.LabelOutOfRangeError`. ``"megatron"`` computes what
+            Megatron-Core's cross entropy computes for it, the row maximum ``m`` standing
+            in for the target logit: ``loss = (1-s)(lse - m) + s(lse - mean x) + z lse^2``
+            and gradient ``g (p (1 + 2 z lse) - s/V)``, no one-hot term (docs/megatron.md).
 
     Returns:
         The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron).
 
     Raises:
         InvalidInputError (a ValueError): wrong shapes, strides, dtypes, devices, options.
-        LabelOutOfRangeError (a ValueError): a label outside [0, V) not the ignore_index;
-            on a GPU reported lazily, by a later call or by :func:`cegen.check_labels`.
+        LabelOutOfRangeError (a ValueError): with ``label_out_of_range="error"``, a label
+            outside [0, V) not the ignore_index; on a GPU reported lazily, by a later call
+            or by :func:`cegen.check_labels`.
         CegenError: any other failure of the runtime or of building kernels.
     """
     # First statement: see cegen._ownership. Skipped while torch.compile traces (the
@@ -256,4 +268,5 @@ def cross_entropy(
         logits, labels, python_refs=python_refs, vouched_refs=0, ignore_index=ignore_index,
         label_smoothing=label_smoothing, z_loss=z_loss, overwrite_input=overwrite_input,
         label_layout=label_layout, grad_weights=grad_weights, bundle=bundle,
+        label_out_of_range=label_out_of_range,
     )

@@ -16,7 +16,11 @@ every rank holds the same labels, global ids. One forward:
    log-sum-exp, exactly as the single-device kernel merges its lanes.
 
 The backward kernel computes the local slice of the gradient from the combined ``lse``; it
-needs no communication. docs/tensor-parallel.md has the formulas and the reasons.
+needs no communication. A label in no slice (outside ``[0, vocab)``, not the ignore_index)
+is reported as bad input by default; with ``label_out_of_range="megatron"`` the kernels
+write target 0 for it, the combine takes the global maximum as its target and the
+backward leaves out the one-hot term, which is Megatron-Core's vocab-parallel loss.
+docs/tensor-parallel.md has the formulas and the reasons.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _kernels
-from ._kernels import KernelOptions, Shard
+from ._kernels import LABEL_OUT_OF_RANGE_POLICIES, KernelOptions, Shard
 from ._errors import InvalidInputError
 from ._ownership import bump_version, grant_overwrite, is_compiling
 
@@ -56,13 +60,15 @@ def _smoothing_factor(label_smoothing: float, smoothing_vocab: int) -> float:
 def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
                         ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                         vocab_local: int, vocab: int, global_smoothing: bool,
-                        rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                        rank: int, label_out_of_range: str = "error",
+                        ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-token (loss, lse) from every rank's shard statistics; fp32, the labels' shape.
 
     Args:
         gathered: ``[world, *tokens, 4]``: slot ``r`` holds rank r's (max, rest, target,
             sum) of the ``shard_stats`` kernel.
-        labels: global label ids, ``tokens`` shaped (only compared with ``ignore_index``).
+        labels: global label ids, ``tokens`` shaped (only compared with ``ignore_index``
+            and, under ``label_out_of_range="megatron"``, with ``[0, vocab)``).
         ignore_index: labels equal to it get loss 0; None: none.
         label_smoothing: alpha; ``s = alpha * V_s / (V_s - 1)`` with ``V_s = vocab_local``
             (Megatron-Core's tensor-parallel smoothing: each rank smooths towards the mean
@@ -71,6 +77,11 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         z_loss: adds ``z_loss * lse^2``.
         vocab_local, vocab: the slice's and the whole vocabulary's size.
         rank: this rank's slot (whose slice mean local smoothing uses).
+        label_out_of_range: ``"error"``: a label outside ``[0, vocab)`` that is not the
+            ignore_index has a NaN target (the kernels report it), which propagates.
+            ``"megatron"``: its target is the global maximum ``M`` (Megatron-Core's
+            ``predicted_logits = 0`` in max-shifted coordinates), so its loss is
+            ``log1p(rest) = lse - M`` before smoothing and z-loss.
 
     The merge keeps the single-device kernel's exact implicit one: with ``M = max_r m_r``,
     ``e_r = exp(m_r - M)`` and ``r*`` the rank holding ``M``,
@@ -79,6 +90,9 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     ``lse = M + log1p(rest)``, ``loss = log1p(rest) - (x_y - M)``. Elementwise tensor
     operations only: no host synchronization; NaN (a bad label's target) propagates.
     """
+    if label_out_of_range not in LABEL_OUT_OF_RANGE_POLICIES:
+        raise InvalidInputError(
+            f"label_out_of_range must be 'error' or 'megatron', got {label_out_of_range!r}")
     if gathered.dim() < 2 or gathered.shape[-1] != len(STATS_FIELDS):
         raise InvalidInputError(
             f"gathered shard statistics must be [world, *tokens, {len(STATS_FIELDS)}], got "
@@ -105,6 +119,12 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     log1p_rest = torch.log1p(rest)
     lse = top + log1p_rest
     target = slice_target.sum(dim=0)  # one slot holds x_y, the others 0 (or all NaN)
+    if label_out_of_range == "megatron":
+        # Every slot wrote 0 for a label in no slice; Megatron-Core's target is the maximum.
+        outside = (labels < 0) | (labels >= vocab)
+        if ignore_index is not None:
+            outside = outside & (labels != ignore_index)
+        target = torch.where(outside, top, target)
     loss = log1p_rest - (target - top)  # -log p_y; x_y - M first: exact near the maximum
 
     if label_smoothing != 0.0:
@@ -160,6 +180,7 @@ def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, ran
         label_smoothing=options.label_smoothing, z_loss=options.z_loss,
         vocab_local=logits.shape[-1], vocab=shard.vocab,
         global_smoothing=shard.global_smoothing, rank=rank,
+        label_out_of_range=options.label_out_of_range,
     )
 
 
@@ -202,11 +223,13 @@ def vocab_parallel_cross_entropy_vouched(
     global_smoothing: bool = False,
     label_layout: str = "bs",
     overwrite_input: bool = False,
+    label_out_of_range: str = "error",
 ) -> torch.Tensor:
     """:func:`vocab_parallel_cross_entropy` for integrations that measured the logits'
     references themselves (see :func:`cegen.ops.cross_entropy_vouched`)."""
     options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
-                            z_loss=z_loss, label_layout=label_layout)
+                            z_loss=z_loss, label_layout=label_layout,
+                            label_out_of_range=label_out_of_range)
     _kernels.check_inputs(logits, labels, options)  # before any collective: every rank alike
     rank, world = _rank_and_world(group)
     vocab_local = logits.shape[-1]
@@ -233,6 +256,7 @@ def vocab_parallel_cross_entropy(
     global_smoothing: bool = False,
     label_layout: str = "bs",
     overwrite_input: bool = False,
+    label_out_of_range: str = "error",
 ) -> torch.Tensor:
     """Per-token softmax cross entropy (fp32) of vocabulary-sharded logits.
 
@@ -257,14 +281,18 @@ def vocab_parallel_cross_entropy(
         label_layout: ``"bs"`` or ``"sb"`` for ``[S, B, V_local]`` logits.
         overwrite_input: write the gradient slice over the logits' storage when they are
             exclusively owned (as :func:`cegen.cross_entropy`).
+        label_out_of_range: a label outside ``[0, world * V_local)`` that is not the
+            ignore_index raises :class:`~cegen.LabelOutOfRangeError` on every rank (lazily
+            on GPUs) with ``"error"``, the default; with ``"megatron"`` it gets
+            Megatron-Core's vocab-parallel loss ``(1-s)(lse - max) + s(lse - mean) +
+            z lse^2`` (max over the whole vocabulary) and the gradient slice
+            ``g (p (1 + 2 z lse) - s/V_s)``, on every rank alike.
 
     Returns:
         This rank's per-token loss, float32, in the labels' shape.
 
     One all-reduce of ``world * tokens * 16`` bytes in the forward, none in the backward.
-    Raises as :func:`cegen.cross_entropy`: a label outside ``[0, world * V_local)`` that is
-    not the ignore_index raises :class:`~cegen.LabelOutOfRangeError` on every rank (lazily
-    on GPUs).
+    Raises as :func:`cegen.cross_entropy`.
     """
     # First statement: see cegen._ownership.
     python_refs = 0 if is_compiling() else sys.getrefcount(logits)
@@ -272,5 +300,5 @@ def vocab_parallel_cross_entropy(
         logits, labels, python_refs=python_refs, vouched_refs=0, group=group,
         ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
         global_smoothing=global_smoothing, label_layout=label_layout,
-        overwrite_input=overwrite_input,
+        overwrite_input=overwrite_input, label_out_of_range=label_out_of_range,
     )

@@ -11,6 +11,9 @@ Megatron-LM checkout into ``.dev/megatron``), an sm_90 bundle and the runtime li
     test/gpu/prepare_device_run.sh   # or any libce_runtime.so built for the GPU machine
     PYTHONPATH=.dev/megatron:python python3 test/gpu/test_megatron_real.py
 
+The bundle must come from a ce-gen with the run-time label policy (bundle format 2, issue 22):
+the SFT case runs the same variants with ``label_out_of_range="megatron"``.
+
 The paths default to those above and may be changed with CEGEN_MEGATRON_SRC,
 CEGEN_TEST_RUNTIME and CEGEN_TEST_BUNDLE (test paths only; the package reads no environment
 variable). Without CUDA or without the Megatron source every test is skipped with the reason.
@@ -34,6 +37,12 @@ A single-rank NCCL process group, ``initialize_model_parallel(1, 1)`` and a smal
 4. 20 AdamW steps of the GPTModel on a synthetic bigram task with the patch (overwrite-input
    on) and with Megatron's loss, from the same weights and batches: all losses finite, the
    patched loss falls, and the two curves agree within bf16 noise.
+5. SFT (issue 22): batches whose prompt tokens are labelled -100 and zeroed in ``loss_mask``,
+   as Megatron's SFT dataset makes them. The patched loss does not raise; its per-token loss
+   (the -100 tokens included: Megatron-Core gives them ``lse - max``) equals Megatron's own
+   within 1e-3, also with a label outside the vocabulary of each other kind (-1, V, 2**40);
+   and 10 AdamW steps on the masked mean, patched (overwrite-input on) and unpatched, stay
+   finite and agree within bf16 noise.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ LOSS_TOL = 1e-3          # per-token loss, absolute
 LOGITS_GRAD_TOL = 1e-2   # ||g_cegen - g_megatron|| / ||g_megatron|| for d loss / d logits
 PARAM_GRAD_TOL = 2e-2    # the same, per parameter, worst parameter
 TRAIN_STEPS = 20
+SFT_STEPS = 10
 
 try:
     import torch
@@ -447,6 +457,86 @@ class TestRealMegatronCore(unittest.TestCase):
         self.assertTrue(all(math.isfinite(x) for x in cegen_losses + megatron_losses))
         self.assertLess(cegen_losses[-1], cegen_losses[0])
         self.assertEqual(refused, [])
+        self.assertLessEqual(diff, 0.05)
+
+
+    # -- 5. SFT: -100 prompt labels masked by loss_mask ------------------------------------
+
+    @classmethod
+    def sft_batch(cls) -> Tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """Input ids, labels with a -100 prompt of random length per sequence (1/8 to 1/2
+        of it), and the loss mask that zeroes the prompt, as Megatron's SFT dataset has it."""
+        input_ids, labels = cls.batch()
+        prompt = torch.randint(SEQ // 8, SEQ // 2, (BATCH, 1), generator=cls.gen, device="cuda")
+        in_prompt = torch.arange(SEQ, device="cuda").unsqueeze(0) < prompt
+        labels = labels.masked_fill(in_prompt, -100)
+        return input_ids, labels.contiguous(), (~in_prompt).float()
+
+    def test_5_sft_labels(self) -> None:
+        records = _Records()
+        logger = logging.getLogger("cegen.megatron")
+        logger.addHandler(records)
+        input_ids, labels, loss_mask = self.sft_batch()
+        odd = labels.clone()
+        odd[0, 0], odd[1, 1], odd[2, 2] = -1, VOCAB, 2 ** 40  # prompt positions: masked
+        try:
+            for name, batch_labels in (("-100 prompts", labels), ("-100, -1, V, 2**40", odd)):
+                self.turbo_ce.uninstall()
+                self.restore_weights()
+                with torch.no_grad():
+                    want = self.model(input_ids, self.position_ids, None, labels=batch_labels)
+                self.install(overwrite=False)
+                try:
+                    with torch.no_grad():
+                        got = self.model(input_ids, self.position_ids, None, labels=batch_labels)
+                    torch.cuda.synchronize()
+                    self.cegen.check_labels()  # nothing to report: Megatron's labels are valid
+                finally:
+                    self.turbo_ce.uninstall()
+                prompt = batch_labels == -100
+                diff = float((got - want).abs().max())
+                diff_prompt = float((got - want)[prompt].abs().max())
+                masked = float((got * loss_mask).sum() / loss_mask.sum())
+                masked_want = float((want * loss_mask).sum() / loss_mask.sum())
+                print(f"[sft {name}] {int(prompt.sum())} prompt tokens of {prompt.numel()}; "
+                      f"max|dloss| {diff:.3e} (prompt tokens {diff_prompt:.3e}); prompt loss "
+                      f"mean {float(got[prompt].mean()):.4f} (Megatron's "
+                      f"{float(want[prompt].mean()):.4f}); masked mean {masked:.5f} vs "
+                      f"{masked_want:.5f}", flush=True)
+                self.assertTrue(bool(torch.isfinite(got).all()))
+                self.assertLessEqual(diff, LOSS_TOL)
+                self.assertLessEqual(abs(masked - masked_want), LOSS_TOL)
+        finally:
+            logger.removeHandler(records)
+        self.assertEqual([m for m in records.messages if "falls back" in m], [])
+
+        batches = [self.sft_batch() for _ in range(SFT_STEPS)]
+        curves = {}
+        for patched in (True, False):
+            self.turbo_ce.uninstall()
+            self.restore_weights()
+            if patched:
+                self.install(overwrite=True)
+            optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+            losses = []
+            try:
+                for step_ids, step_labels, step_mask in batches:
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = self.model(step_ids, self.position_ids, None, labels=step_labels)
+                    total = (loss * step_mask).sum() / step_mask.sum()
+                    total.backward()
+                    optimizer.step()
+                    losses.append(float(total))
+                self.cegen.check_labels()
+            finally:
+                self.turbo_ce.uninstall()
+                self.restore_weights()
+            curves[patched] = losses
+        diff = max(abs(a - b) for a, b in zip(curves[True], curves[False]))
+        print(f"[sft train {SFT_STEPS} steps] cegen (overwrite-input): "
+              f"{' '.join(f'{x:.4f}' for x in curves[True])}; megatron: "
+              f"{' '.join(f'{x:.4f}' for x in curves[False])}; max|diff| {diff:.3e}", flush=True)
+        self.assertTrue(all(math.isfinite(x) for x in curves[True] + curves[False]))
         self.assertLessEqual(diff, 0.05)
 
 

@@ -85,13 +85,45 @@ def random_labels(shape: Tuple[int, ...], vocab: int, dtype: torch.dtype = torch
     return torch.randint(0, vocab, shape, generator=generator(offset), dtype=torch.int64).to(dtype)
 
 
+def sft_labels(shape: Tuple[int, ...], vocab: int, dtype: torch.dtype = torch.int64, *,
+               offset: int = 1) -> torch.Tensor:
+    """Labels as Megatron's SFT datasets make them, plus every other kind of bad id.
+
+    In-range ids; -100 for a prompt prefix of random length in each row of ``[B, S]``
+    labels (a random quarter of ``[N]`` labels); and, at random other positions, each id
+    outside ``[0, vocab)`` of another kind: -1, ``vocab``, ``vocab + 5`` and ``2**40``
+    (int64) or ``2**31 - 1`` (int32).
+    """
+    labels = random_labels(shape, vocab, offset=offset)
+    g = generator(offset + 50)
+    if len(shape) == 2:
+        rows, columns = shape
+        prompt = torch.randint(1, max(2, columns // 3 + 1), (rows,), generator=g)
+        labels[torch.arange(columns).unsqueeze(0) < prompt.unsqueeze(1)] = -100
+    else:
+        labels[torch.rand(shape, generator=g) < 0.25] = -100
+    flat = labels.view(-1)
+    specials = [-1, vocab, vocab + 5, 2 ** 40 if dtype == torch.int64 else 2 ** 31 - 1]
+    candidates = (flat != -100).nonzero().squeeze(1)
+    assert len(candidates) > len(specials), f"labels of shape {shape} are too small"
+    picks = candidates[torch.randperm(len(candidates), generator=g)[:len(specials)]]
+    for index, value in zip(picks.tolist(), specials):
+        flat[index] = value
+    return labels.to(dtype)
+
+
 def reference(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: Optional[int] = None,
               label_smoothing: float = 0.0, z_loss: float = 0.0, label_layout: str = "bs",
-              grad_loss: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+              grad_loss: Optional[torch.Tensor] = None,
+              label_out_of_range: str = "error") -> Tuple[torch.Tensor, torch.Tensor]:
     """Loss and gradient in float64 from DESIGN.md's formulas (Megatron's smoothing).
 
     ``s = alpha*V/(V-1)``; ``loss = (1-s)(lse - x_y) + s(lse - mean x) + z lse^2``; ignored
-    tokens get loss 0. Returns (loss in the labels' shape, gradient in the logits' shape).
+    tokens get loss 0. With ``label_out_of_range="megatron"`` a label outside ``[0, V)``
+    that is not ignored has the row maximum, as a constant, for ``x_y`` (Megatron-Core's
+    contract: loss ``lse - max``, no one-hot term in the gradient); with ``"error"`` every
+    label must be in range or ignored. Returns (loss in the labels' shape, gradient in the
+    logits' shape).
     """
     x = logits.detach().to(torch.float64)
     vocab = x.shape[-1]
@@ -99,9 +131,13 @@ def reference(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: Optio
     rows = token_major.reshape(-1, vocab).clone().requires_grad_(True)
     y = labels.reshape(-1).to(torch.int64)
     ignored = (y == ignore_index) if ignore_index is not None else torch.zeros_like(y, dtype=torch.bool)
-    safe = torch.where(ignored, torch.zeros_like(y), y)
+    outside = torch.zeros_like(ignored)
+    if label_out_of_range == "megatron":
+        outside = ((y < 0) | (y >= vocab)) & ~ignored
+    safe = torch.where(ignored | outside, torch.zeros_like(y), y)
     lse = torch.logsumexp(rows, dim=-1)
     target = rows.gather(1, safe.unsqueeze(1)).squeeze(1)
+    target = torch.where(outside, rows.detach().max(dim=-1).values, target)
     s = label_smoothing * vocab / (vocab - 1) if label_smoothing > 0 else 0.0
     loss = (1 - s) * (lse - target) + s * (lse - rows.mean(dim=-1)) + z_loss * lse * lse
     loss = torch.where(ignored, torch.zeros_like(loss), loss)
@@ -154,6 +190,6 @@ def recorded_descriptors() -> Iterator[List[Tuple[str, Tuple[int, ...], Tuple[in
 
 __all__ = [
     "REPO", "STANDIN", "SEED", "requires_kernels", "kernels_missing", "generator",
-    "random_logits", "random_labels", "reference", "assert_close", "recorded_descriptors",
+    "random_logits", "random_labels", "sft_labels", "reference", "assert_close", "recorded_descriptors",
     "GRAD_TOLERANCE", "LOSS_TOLERANCE",
 ]

@@ -68,7 +68,8 @@ def run_case(case: Dict[str, Any], rank: int, world: int, group: Any) -> Dict[st
                         ignore_index=options["ignore_index"],
                         label_smoothing=options["label_smoothing"], z_loss=options["z_loss"],
                         global_smoothing=options["global_smoothing"],
-                        label_layout=options["label_layout"])
+                        label_layout=options["label_layout"],
+                        label_out_of_range=options["label_out_of_range"])
                 else:
                     loss = cegen.vocab_parallel_cross_entropy(x, labels, group=group, **options)
                 (loss * weights).sum().backward()
@@ -98,7 +99,8 @@ class ListHandler(logging.Handler):
 
 def run_megatron(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
     """The Megatron stand-in at TP = ``world``: patched (cegen) and original, its loss and
-    the gradient of this rank's output-weight rows."""
+    the gradient of this rank's output-weight rows; also on SFT labels (-100 prompts and
+    other ids outside the vocabulary), with the ``native`` and the ``te`` implementation."""
     from cegen import megatron as turbo_ce
     from megatron.core import parallel_state
     from megatron.core.models.common.language_module import language_module
@@ -106,14 +108,18 @@ def run_megatron(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
     from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    hidden, labels, mask, weight = spec["hidden"], spec["labels"], spec["mask"], spec["weight"]
+    hidden, weight = spec["hidden"], spec["weight"]
     tp_group = dist.new_group(list(range(world)))  # a group of its own, as Megatron makes
-    config = TransformerConfig(tensor_model_parallel_size=world, cross_entropy_loss_fusion=True)
     handler = ListHandler()
     logging.getLogger("cegen.megatron").addHandler(handler)
 
-    def step(tp: Any, overwrite: Optional[bool], from_parallel_state: bool = False) -> Dict[str, Any]:
-        """One forward and backward; overwrite None runs Megatron's (the stand-in's) own."""
+    def step(tp: Any, overwrite: Optional[bool], from_parallel_state: bool = False,
+             labels: Any = spec["labels"], mask: Any = spec["mask"],
+             impl: str = "native") -> Dict[str, Any]:
+        """One forward and backward of ``(loss * mask).sum() / mask.sum()``; overwrite None
+        runs Megatron's (the stand-in's) own."""
+        config = TransformerConfig(tensor_model_parallel_size=world, cross_entropy_loss_fusion=True,
+                                   cross_entropy_fusion_impl=impl)
         turbo_ce.uninstall()
         turbo_ce.reset_fallback_log()
         cegen.reset_overwrite_warnings()
@@ -153,6 +159,16 @@ def run_megatron(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
         "original": step(tp_group, overwrite=None),
         "fake_group": step(FakeProcessGroup(world, rank), overwrite=False),
     }
+    sft = {"labels": spec["sft_labels"], "mask": spec["sft_mask"]}
+    weighted = {"labels": spec["sft_labels"], "mask": spec["sft_weights"]}
+    prompts = {"labels": spec["prompt_labels"], "mask": spec["sft_weights"]}
+    for impl in ("native", "te"):
+        results[f"sft_{impl}"] = step(tp_group, overwrite=False, impl=impl, **sft)
+        results[f"sft_{impl}_overwrite"] = step(tp_group, overwrite=True, impl=impl, **sft)
+        results[f"sft_{impl}_weighted"] = step(tp_group, overwrite=False, impl=impl, **weighted)
+        results[f"prompts_{impl}"] = step(tp_group, overwrite=False, impl=impl, **prompts)
+        results[f"prompts_{impl}_original"] = step(tp_group, overwrite=None, impl=impl, **prompts)
+    results["sft_native_original"] = step(tp_group, overwrite=None, **weighted)
     turbo_ce.uninstall()
     logging.getLogger("cegen.megatron").removeHandler(handler)
     return results

@@ -62,6 +62,22 @@ class TestRejectedBeforeLaunch(unittest.TestCase):
         self.assert_invalid("grad_weights must be", logits=self.logits.clone().requires_grad_(True),
                             grad_weights="mean")
 
+    def test_bad_label_policy(self) -> None:
+        pattern = "label_out_of_range must be 'error' .* or 'megatron'"
+        for value in ("Megatron", "ignore", "", None, 1):
+            with self.subTest(value=value):
+                self.assert_invalid(pattern, label_out_of_range=value)
+                self.assert_invalid(pattern, logits=self.logits.clone().requires_grad_(True),
+                                    grad_weights=1.0, label_out_of_range=value)
+                with self.assertRaisesRegex(cegen.InvalidInputError, pattern):
+                    cegen.vocab_parallel_cross_entropy(self.logits, self.labels,
+                                                       label_out_of_range=value)
+                with self.assertRaisesRegex(cegen.InvalidInputError, "label_out_of_range must be"):
+                    cegen.combine_shard_stats(
+                        torch.zeros(1, 6, 4), self.labels, ignore_index=None, label_smoothing=0.0,
+                        z_loss=0.0, vocab_local=40, vocab=40, global_smoothing=False, rank=0,
+                        label_out_of_range=value)
+
     def test_bad_upstream_gradient_shape(self) -> None:
         with self.assertRaisesRegex(cegen.InvalidInputError, "grad_loss has shape"):
             _kernels.backward(self.logits, self.labels, torch.zeros(6), torch.zeros(5),
@@ -78,21 +94,34 @@ class TestFakeImplementations(unittest.TestCase):
     def test_shapes_and_dtypes(self) -> None:
         logits = torch.empty((5, 3, 11), dtype=torch.bfloat16, device="meta")
         labels = torch.empty((3, 5), dtype=torch.int64, device="meta")
-        loss, lse = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None)
+        loss, lse = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error")
         self.assertEqual((tuple(loss.shape), loss.dtype, loss.device.type), ((3, 5), torch.float32, "meta"))
         self.assertEqual(tuple(lse.shape), (3, 5))
-        grad = _library.backward_fake(logits, labels, lse, loss, None, 0.0, 0.0, "bs", None)
+        grad = _library.backward_fake(logits, labels, lse, loss, None, 0.0, 0.0, "bs", None, "megatron")
         self.assertEqual((tuple(grad.shape), grad.dtype), ((5, 3, 11), torch.bfloat16))
         loss, lse, grad = _library.fused_fake(logits, labels, torch.empty((), device="meta"), None, 0.0,
-                                              0.0, "sb", None)
+                                              0.0, "sb", None, "megatron")
         self.assertEqual(tuple(loss.shape), (5, 3))
         self.assertEqual(tuple(grad.shape), (5, 3, 11))
         self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, loss, None, 0.0, 0.0,
-                                                           "bs", None))
+                                                           "bs", None, "error"))
         flat = torch.empty((7, 11), dtype=torch.float16, device="meta")
         loss, _ = _library.fused_overwrite_fake(flat, torch.empty((7,), dtype=torch.int32, device="meta"),
-                                                torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None)
+                                                torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None,
+                                                "megatron")
         self.assertEqual(tuple(loss.shape), (7,))
+
+    def test_every_op_takes_the_label_policy(self) -> None:
+        import inspect
+
+        for name, impl, fake, _ in _library._SPECS:
+            for function in (impl, fake):
+                with self.subTest(op=name, function=function.__name__):
+                    parameters = list(inspect.signature(function).parameters)
+                    self.assertEqual(parameters[-1], "label_out_of_range")
+            if cegen.HAS_CUSTOM_OP:
+                schema = str(getattr(torch.ops.cegen, name).default._schema)
+                self.assertIn("str label_out_of_range", schema)
 
     def test_mutation_is_declared(self) -> None:
         mutated = {name: mutates for name, _, _, mutates in _library._SPECS}
@@ -102,6 +131,28 @@ class TestFakeImplementations(unittest.TestCase):
         if cegen.HAS_CUSTOM_OP:
             schema = str(torch.ops.cegen.backward_overwrite.default._schema)
             self.assertIn("Tensor(a0!) logits", schema)
+
+
+@unittest.skipUnless(cegen.runtime_available(), "libce_runtime.so is not built")
+class TestLabelPolicyThreading(unittest.TestCase):
+    """label_out_of_range reaches ce_options.label_policy and selects no other variant."""
+
+    def test_runtime_options(self) -> None:
+        strict = _kernels._runtime_options(_kernels.KernelOptions(), overwrite=False)
+        self.assertEqual(strict.label_policy, cegen._runtime.LabelPolicy.STRICT)
+        megatron = _kernels.KernelOptions(ignore_index=-100, label_out_of_range="megatron",
+                                          shard=_kernels.Shard(4, 8))
+        threaded = _kernels._runtime_options(megatron, overwrite=True)
+        self.assertEqual(threaded.label_policy, cegen._runtime.LabelPolicy.MEGATRON)
+        self.assertEqual((threaded.has_ignore_index, threaded.ignore_index), (1, -100))
+        self.assertEqual((threaded.shard_start, threaded.shard_vocab), (4, 8))
+
+    def test_not_part_of_the_variant_key(self) -> None:
+        logits, labels = S.random_logits((3, 8)), S.random_labels((3,), 8)
+        keys = {str(_kernels._key("forward", logits, labels,
+                                  _kernels.KernelOptions(label_out_of_range=policy)))
+                for policy in ("error", "megatron")}
+        self.assertEqual(len(keys), 1)
 
 
 class TestVariantKeys(unittest.TestCase):

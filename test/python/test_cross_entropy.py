@@ -290,6 +290,105 @@ class TestFused(unittest.TestCase):
         S.assert_close(self, loss, ref_loss, 1e-5, 1e-5, "loss")
 
 
+def core_reference(logits: torch.Tensor, labels: torch.Tensor, grad_loss: torch.Tensor,
+                   label_smoothing: float = 0.0) -> tuple:
+    """Megatron-Core's loss and gradient for [S, B, V] logits and [B, S] labels: the
+    stand-in of megatron/core/tensor_parallel/cross_entropy.py on float64 logits."""
+    from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy_impl
+
+    x = logits.detach().to(torch.float64).requires_grad_(True)
+    loss = vocab_parallel_cross_entropy_impl(x, labels.t().contiguous(), label_smoothing)
+    (loss.t() * grad_loss.to(torch.float64)).sum().backward()
+    return loss.detach().t(), x.grad
+
+
+@S.requires_kernels
+class TestLabelOutOfRange(unittest.TestCase):
+    """label_out_of_range: "error" (the default) raises, "megatron" gives Core's values."""
+
+    def test_error_is_the_default(self) -> None:
+        logits = S.random_logits((5, 3, 61))
+        labels = S.sft_labels((3, 5), 61)
+        for options in ({}, {"label_out_of_range": "error"}, {"ignore_index": -100}):
+            with self.subTest(**options):
+                with self.assertRaises(cegen.LabelOutOfRangeError):
+                    cegen.cross_entropy(logits, labels, **options)
+                with self.assertRaises(cegen.LabelOutOfRangeError):
+                    cegen.cross_entropy(logits.clone().requires_grad_(True), labels,
+                                        grad_weights=1.0, **options)
+
+    def test_megatron_matches_core_and_the_formula(self) -> None:
+        # Every logits dtype and label type, forward + backward and fused, [S, B, V] with
+        # [B, S] labels and [N, V]; smoothing and z-loss through the formula.
+        cases = [
+            ((7, 3, 97), "backward", {}),
+            ((7, 3, 97), "fused", {}),
+            ((7, 3, 97), "backward", {"label_smoothing": 0.1}),
+            ((40, 131), "backward", {"ignore_index": -100, "label_smoothing": 0.1, "z_loss": 1e-4}),
+            ((40, 131), "fused", {"ignore_index": -100, "z_loss": 1e-4}),
+        ]
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for label_dtype in (torch.int64, torch.int32):
+                for index, (shape, mode, options) in enumerate(cases):
+                    with self.subTest(dtype=dtype, labels=label_dtype, shape=shape, mode=mode,
+                                      **options):
+                        self.check(shape, dtype, label_dtype, mode, options, offset=10 * index)
+
+    def check(self, shape, dtype, label_dtype, mode, options, offset) -> None:  # type: ignore[no-untyped-def]
+        logits = S.random_logits(shape, dtype, offset=offset)
+        tokens = (shape[1], shape[0]) if len(shape) == 3 else (shape[0],)
+        labels = S.sft_labels(tokens, shape[-1], label_dtype, offset=offset + 1)
+        upstream = torch.rand(tokens, generator=S.generator(offset + 2)) + 0.25
+        leaf = logits.clone().requires_grad_(True)
+        with _kernels.poison_outputs():
+            if mode == "fused":
+                loss = cegen.cross_entropy(leaf, labels, grad_weights=upstream,
+                                           label_out_of_range="megatron", **options)
+            else:
+                loss = cegen.cross_entropy(leaf, labels, label_out_of_range="megatron", **options)
+            loss.backward(upstream)
+        ref_loss, ref_grad = S.reference(logits, labels, grad_loss=upstream,
+                                         label_out_of_range="megatron", **options)
+        S.assert_close(self, loss, ref_loss, *S.LOSS_TOLERANCE[dtype], "loss vs formula")
+        S.assert_close(self, leaf.grad, ref_grad, *S.GRAD_TOLERANCE[dtype], "gradient vs formula")
+        if len(shape) == 3 and "ignore_index" not in options and "z_loss" not in options:
+            core_loss, core_grad = core_reference(logits, labels, upstream,
+                                                  options.get("label_smoothing", 0.0))
+            S.assert_close(self, loss, core_loss, *S.LOSS_TOLERANCE[dtype], "loss vs Core")
+            S.assert_close(self, leaf.grad, core_grad, *S.GRAD_TOLERANCE[dtype], "gradient vs Core")
+        outside = ((labels < 0) | (labels >= shape[-1])).to(torch.int64)
+        if "ignore_index" in options:
+            outside = outside * (labels != options["ignore_index"]).to(torch.int64)
+        self.assertGreaterEqual(int(outside.sum()), 4, "no label outside the vocabulary")
+
+    def test_megatron_without_gradient_and_with_overwrite(self) -> None:
+        from _fresh_logits import MakeLogits, fresh_logits
+
+        logits = S.random_logits((6, 4, 89), torch.bfloat16, offset=70)
+        labels = S.sft_labels((4, 6), 89, offset=71)
+        upstream = torch.rand((4, 6), generator=S.generator(72)) + 0.25
+        ref_loss, ref_grad = S.reference(logits, labels, grad_loss=upstream,
+                                         label_out_of_range="megatron")
+        with torch.no_grad(), _kernels.poison_outputs():
+            loss = cegen.cross_entropy(logits, labels, label_out_of_range="megatron")
+        S.assert_close(self, loss, ref_loss, *S.LOSS_TOLERANCE[torch.bfloat16], "no-grad loss")
+        for fused in (False, True):
+            with self.subTest(fused=fused):
+                cegen.reset_overwrite_warnings()
+                MakeLogits.output_pointers.clear()
+                MakeLogits.grad_pointers.clear()
+                x = logits.clone().requires_grad_(True)
+                with _kernels.poison_outputs():
+                    loss = cegen.cross_entropy(
+                        fresh_logits(x), labels, overwrite_input=True,
+                        grad_weights=upstream if fused else None, label_out_of_range="megatron")
+                    loss.backward(upstream)
+                self.assertEqual(MakeLogits.grad_pointers, MakeLogits.output_pointers,
+                                 "the gradient did not reuse the logits' storage")
+                S.assert_close(self, loss, ref_loss, *S.LOSS_TOLERANCE[torch.bfloat16], "loss")
+                S.assert_close(self, x.grad, ref_grad, *S.GRAD_TOLERANCE[torch.bfloat16], "gradient")
+
+
 @S.requires_kernels
 class TestBundles(unittest.TestCase):
     """Kernels from a bundle made ahead of time, and from the cache."""

@@ -10,6 +10,7 @@ import textwrap
 import unittest
 import warnings
 from pathlib import Path
+from typing import List, Tuple
 
 import _support as S
 import torch
@@ -23,6 +24,7 @@ from megatron.core.models.gpt.gpt_model import TinyGPTModel
 from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
 from megatron.core.tensor_parallel import cross_entropy as tp_cross_entropy
 from megatron.core.transformer.transformer_config import TransformerConfig
+from transformer_engine.pytorch import cross_entropy as te_cross_entropy
 
 
 def megatron_parser() -> argparse.ArgumentParser:
@@ -135,7 +137,8 @@ class PatchedTestCase(unittest.TestCase):
             turbo_ce.TurboCESettings(use_turbo_cross_entropy=True, turbo_ce_overwrite_input=self.overwrite))
         self.assertTrue(installed)
         self.addCleanup(turbo_ce.uninstall)
-        for calls in (language_module.CALLS, fused_cross_entropy.CALLS, tp_cross_entropy.CALLS):
+        for calls in (language_module.CALLS, fused_cross_entropy.CALLS, tp_cross_entropy.CALLS,
+                      te_cross_entropy.CALLS):
             for key in calls:
                 calls[key] = 0
 
@@ -219,7 +222,7 @@ class TestSupported(PatchedTestCase):
     """TP size 1, fusion on, supported dtype: cegen computes the loss."""
 
     def test_matches_megatron_contract(self) -> None:
-        for impl in ("native", "te"):  # 'te' would raise here without TransformerEngine
+        for impl in ("native", "te"):
             with self.subTest(impl=impl):
                 module = make_module(impl=impl)
                 hidden, labels = self.inputs()
@@ -260,6 +263,153 @@ class TestSupported(PatchedTestCase):
         self.assertEqual(loss.dtype, torch.float32)
         loss.sum().backward()
         self.assertEqual(module.output_weight.grad.dtype, torch.bfloat16)
+
+
+def megatron_reference(logits: torch.Tensor, labels: torch.Tensor, grad_loss: torch.Tensor,
+                       impl: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The loss [b, s] and d(sum grad_loss * loss)/d(logits) that cegen must give for
+    ``cross_entropy_fusion_impl=impl``, in float64: Megatron-Core's (the stand-in's on
+    float64 logits) for every label; with ``te`` TE's loss 0 and zero gradient for -100."""
+    x = logits.detach().to(torch.float64).requires_grad_(True)
+    loss = tp_cross_entropy.vocab_parallel_cross_entropy_impl(x, labels.t().contiguous()).t()
+    if impl == "te":
+        loss = torch.where(labels == -100, torch.zeros_like(loss), loss)
+    (loss * grad_loss.to(torch.float64)).sum().backward()
+    return loss.detach(), x.grad
+
+
+def refusals(caught) -> List[str]:  # type: ignore[no-untyped-def]
+    return [str(w.message) for w in caught if issubclass(w.category, cegen.OverwriteRefusedWarning)]
+
+
+@S.requires_kernels
+class TestSFTLabels(PatchedTestCase):
+    """Megatron's SFT labels: -100 prompt tokens masked by loss_mask, and any other id.
+
+    Megatron-Core's loss accepts every label (one outside [0, V) gets lse - max and a
+    softmax gradient); TE's ignores -100. The patch must not raise and must give those
+    numbers (docs/megatron.md, "Labels").
+    """
+
+    VOCAB = 97
+
+    def direct(self, module: TinyGPTModel, labels: torch.Tensor, logits: torch.Tensor,
+               upstream: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[str]]:
+        """compute_language_model_loss called as GPTModel._postprocess calls it: on a
+        non-leaf held by one local variable. Returns loss, d/dlogits, the logits' storage
+        afterwards and the overwrite refusals."""
+        leaf = logits.clone().requires_grad_(True)
+        cegen.reset_overwrite_warnings()
+        with warnings.catch_warnings(record=True) as caught, cegen._kernels.poison_outputs():
+            warnings.simplefilter("always")
+            y = leaf.clone()
+            loss = module.compute_language_model_loss(labels, y)
+            (loss * upstream).sum().backward()
+        return loss.detach(), leaf.grad, y.detach(), refusals(caught)
+
+    def test_per_token_loss_and_gradient(self) -> None:
+        index = 0
+        for impl in ("native", "te"):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                for label_dtype in (torch.int64, torch.int32):
+                    index += 1
+                    with self.subTest(impl=impl, dtype=dtype, labels=label_dtype):
+                        self.check_direct(impl, dtype, label_dtype, offset=100 * index)
+
+    def check_direct(self, impl: str, dtype: torch.dtype, label_dtype: torch.dtype,
+                     offset: int) -> None:
+        module = make_module(impl=impl, dtype=dtype)
+        logits = S.random_logits((7, 3, self.VOCAB), dtype, offset=offset)
+        labels = S.sft_labels((3, 7), self.VOCAB, label_dtype, offset=offset + 1)
+        upstream = torch.rand((3, 7), generator=S.generator(offset + 2)) + 0.25
+        before = self.original_calls()
+        with self.assertNoLogs("cegen.megatron", level="WARNING"):
+            loss, grad, storage, refused = self.direct(module, labels, logits, upstream)
+        self.assertEqual(self.original_calls(), before, "fell back to Megatron's implementation")
+        self.assertEqual((loss.dtype, tuple(loss.shape)), (torch.float32, (3, 7)))
+        self.assertTrue(bool(torch.isfinite(loss).all()), f"non-finite loss (seed={S.SEED})")
+        ref_loss, ref_grad = megatron_reference(logits, labels, upstream, impl)
+        S.assert_close(self, loss, ref_loss, *S.LOSS_TOLERANCE[dtype], f"{impl} loss")
+        S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[dtype], f"{impl} gradient")
+        ignored = labels == -100
+        if impl == "te":
+            self.assertTrue(bool((loss[ignored] == 0).all()))
+            self.assertTrue(bool((grad.transpose(0, 1)[ignored] == 0).all()), "-100 rows not zero")
+        else:  # Core: -100 is just another id outside the vocabulary
+            self.assertTrue(bool((loss[ignored] > 0).all()))
+        self.assertEqual(refused, [])
+        self.assertEqual(bool(torch.equal(storage, grad)), self.overwrite,
+                         "the logits' storage holds the gradient iff overwrite-input is on")
+
+    def test_loss_mask_reduction_matches_megatron(self) -> None:
+        # The SFT training step: the loss mask zeroes the prompt (-100) and every other
+        # token whose label is not a vocabulary id; the masked mean and the output layer's
+        # weight gradient equal Megatron-Core's.
+        for index, impl in enumerate(("native", "te")):
+            with self.subTest(impl=impl):
+                module = make_module(impl=impl)
+                hidden, _ = self.inputs()
+                labels = S.sft_labels((3, 7), self.VOCAB, offset=1000 + index)
+                mask = ((labels >= 0) & (labels < self.VOCAB)).float()
+                before = self.original_calls()
+                loss = module(hidden, labels)
+                ((loss * mask).sum() / mask.sum()).backward()
+                self.assertEqual(self.original_calls(), before)
+                ours = module.output_weight.grad.clone()
+                module.output_weight.grad = None
+                turbo_ce.uninstall()
+                try:
+                    module.config.cross_entropy_fusion_impl = "native"  # Core's numbers
+                    reference = module(hidden, labels)
+                    total = (reference * mask).sum() / mask.sum()
+                    total.backward()
+                    module.config.cross_entropy_fusion_impl = "te"
+                    te_loss = module(hidden, labels).detach()  # TE's own (the stand-in's)
+                finally:
+                    turbo_ce.install(turbo_ce.TurboCESettings(True, self.overwrite))
+                S.assert_close(self, (loss * mask).sum() / mask.sum(), total, 1e-5, 1e-5, "masked mean")
+                kept = labels != -100 if impl == "te" else torch.ones_like(mask, dtype=torch.bool)
+                S.assert_close(self, loss[kept], reference[kept], 1e-5, 1e-5, "per-token loss")
+                S.assert_close(self, ours, module.output_weight.grad, 1e-4, 1e-6, "weight gradient")
+                # TE's own loss is +inf for the ids outside [0, V) that are not -100, and a
+                # loss mask of 0 turns that into NaN: why cegen keeps Core's values there.
+                self.assertTrue(bool(torch.isinf(te_loss[(mask == 0) & (labels != -100)]).all()))
+                self.assertTrue(bool(torch.isnan((te_loss * mask).sum())))
+
+    def test_te_equals_transformer_engine_on_prompt_masked_labels(self) -> None:
+        # Real SFT batches: -100 and vocabulary ids only. TE's loss and gradient (-100 rows
+        # zero even under a non-zero upstream gradient) are what the patch gives.
+        module = make_module(impl="te")
+        logits = S.random_logits((7, 3, self.VOCAB), offset=1100)
+        labels = S.sft_labels((3, 7), self.VOCAB, offset=1101)
+        labels = torch.where((labels < 0) & (labels != -100), torch.full_like(labels, 3), labels)
+        labels = torch.where(labels >= self.VOCAB, torch.full_like(labels, 5), labels)
+        upstream = torch.rand((3, 7), generator=S.generator(1102)) + 0.25
+        loss, grad, _, _ = self.direct(module, labels, logits, upstream)
+        turbo_ce.uninstall()
+        calls = te_cross_entropy.CALLS["parallel_cross_entropy"]
+        te_loss, te_grad, _, _ = self.direct(module, labels, logits.double(), upstream)  # float64
+        self.assertEqual(te_cross_entropy.CALLS["parallel_cross_entropy"], calls + 1)
+        S.assert_close(self, loss, te_loss, 1e-5, 1e-5, "loss vs TE")
+        S.assert_close(self, grad, te_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient vs TE")
+        self.assertTrue(bool((loss[labels == -100] == 0).all()))
+
+    def test_plain_cross_entropy_still_raises(self) -> None:
+        # The contract of the public API is unchanged: only the patch opts in.
+        logits = S.random_logits((7, 3, self.VOCAB))
+        labels = S.sft_labels((3, 7), self.VOCAB)
+        with self.assertRaises(cegen.LabelOutOfRangeError):
+            cegen.cross_entropy(logits, labels)
+        loss = cegen.cross_entropy(logits, labels, label_out_of_range="megatron")
+        ref_loss, _ = megatron_reference(logits, labels, torch.ones((3, 7)), "native")
+        S.assert_close(self, loss, ref_loss, 1e-5, 1e-5, "loss")
+
+
+@S.requires_kernels
+class TestSFTLabelsOverwrite(TestSFTLabels):
+    """The same with --turbo-ce-overwrite-input."""
+
+    overwrite = True
 
 
 @S.requires_kernels

@@ -59,13 +59,17 @@ def token_rows(logits: torch.Tensor, label_layout: str) -> torch.Tensor:
 def reference_tp(logits: torch.Tensor, labels: torch.Tensor, *, world: int,
                  ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
                  z_loss: float = 0.0, global_smoothing: bool = False, label_layout: str = "bs",
-                 grad_loss: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 grad_loss: Optional[torch.Tensor] = None,
+                 label_out_of_range: str = "error") -> Tuple[torch.Tensor, torch.Tensor]:
     """Every rank's loss (``[world, *tokens]``) and the gradient (the logits' shape; rank r's
     slice is d(sum grad_loss * loss_r)/d(its slice)), in float64.
 
     ``loss_r = (1 - s)(lse - x_y) + s (lse - mean) + z lse^2``, 0 for ignored tokens, with
     ``mean`` over the whole vocabulary and ``s = alpha V / (V - 1)`` (global smoothing), or
     over rank r's slice and ``s = alpha V_local / (V_local - 1)`` (Megatron-Core's TP).
+    With ``label_out_of_range="megatron"`` a label outside ``[0, V)`` that is not ignored
+    has ``x_y`` = the row maximum, a constant (Megatron-Core's: loss ``lse - max``, no
+    one-hot term in the gradient).
     """
     x = token_rows(logits.detach().to(torch.float64), label_layout)
     vocab = x.shape[-1]
@@ -73,6 +77,9 @@ def reference_tp(logits: torch.Tensor, labels: torch.Tensor, *, world: int,
     rows = x.reshape(-1, vocab).clone().requires_grad_(True)
     y = labels.reshape(-1).to(torch.int64)
     ignored = (y == ignore_index) if ignore_index is not None else torch.zeros_like(y, dtype=torch.bool)
+    outside = torch.zeros_like(ignored)
+    if label_out_of_range == "megatron":
+        outside = ((y < 0) | (y >= vocab)) & ~ignored
     # lse = m + log1p(R), R summing all but one maximal element: -log p_y = (m - x_y) +
     # log1p(R) keeps its digits when p_y ~ 1, where lse - x_y would lose them to lse's rounding.
     top = rows.max(dim=-1).values
@@ -81,7 +88,8 @@ def reference_tp(logits: torch.Tensor, labels: torch.Tensor, *, world: int,
         1, rows.detach().argmax(dim=-1, keepdim=True), True)
     log1p_rest = torch.log1p(torch.where(first_top, torch.zeros_like(shifted), shifted).sum(dim=-1))
     lse = top + log1p_rest
-    target = rows.gather(1, torch.where(ignored, torch.zeros_like(y), y).unsqueeze(1)).squeeze(1)
+    target = rows.gather(1, torch.where(ignored | outside, torch.zeros_like(y), y).unsqueeze(1)).squeeze(1)
+    target = torch.where(outside, top.detach(), target)
     upstream = (torch.ones_like(lse) if grad_loss is None
                 else grad_loss.detach().to(torch.float64).reshape(-1))
     losses, grad = [], torch.empty_like(rows)
@@ -106,9 +114,10 @@ def reference_tp(logits: torch.Tensor, labels: torch.Tensor, *, world: int,
 
 def reference_stats(logits: torch.Tensor, labels: torch.Tensor, *, start: int, vocab: int,
                     ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
-                    label_layout: str = "bs") -> torch.Tensor:
+                    label_layout: str = "bs", label_out_of_range: str = "error") -> torch.Tensor:
     """What ``shard_stats`` returns for a slice, computed in float64 and rounded once to
-    float32: ``[*tokens, 4]`` = (max, sum exp(x - max) - 1, target or 0 or NaN, row sum)."""
+    float32: ``[*tokens, 4]`` = (max, sum exp(x - max) - 1, target or 0 or NaN, row sum).
+    A label outside ``[0, vocab)``, not ignored, has target NaN, or 0 under "megatron"."""
     x = token_rows(logits.detach().to(torch.float64), label_layout)
     top = x.max(dim=-1).values
     # Elements equal to the maximum count as exact ones (an all -inf slice too), the kernels' rule.
@@ -124,17 +133,28 @@ def reference_stats(logits: torch.Tensor, labels: torch.Tensor, *, start: int, v
     ignored = (y == ignore_index) if ignore_index is not None else torch.zeros_like(inside)
     bad = ((y < 0) | (y >= vocab)) & ~ignored
     target = torch.where(ignored, torch.zeros_like(target), target)
-    target = torch.where(bad, torch.full_like(target, math.nan), target)
+    if label_out_of_range != "megatron":
+        target = torch.where(bad, torch.full_like(target, math.nan), target)
     total = x.sum(dim=-1) if label_smoothing else torch.zeros_like(top)
     return torch.stack([top, rest, target, total], dim=-1).to(torch.float32)
 
 
 def random_case_inputs(shape: Tuple[int, ...], dtype: torch.dtype, *, offset: int,
                        label_layout: str = "bs", ignore_index: Optional[int] = None,
-                       confident: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits, labels and an upstream gradient (random, some zeros) for one case."""
+                       confident: bool = False, sft_labels: bool = False,
+                       label_dtype: torch.dtype = torch.int64,
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits, labels and an upstream gradient (random, some zeros) for one case.
+
+    ``sft_labels``: Megatron SFT labels with ids outside the vocabulary of every kind
+    (``S.sft_labels``) instead of in-range ones."""
     logits = S.random_logits(shape, torch.float64, offset=offset)
     tokens = _kernels.token_shape(shape, label_layout)
+    if sft_labels:
+        labels = S.sft_labels(tokens, shape[-1], label_dtype, offset=offset + 1)
+        weights = torch.rand(tokens, generator=S.generator(offset + 4))
+        weights = torch.where(weights < 0.1, torch.zeros_like(weights), weights)
+        return logits.to(dtype), labels, weights
     labels = S.random_labels(tokens, shape[-1], offset=offset + 1)
     if confident:  # p_y within ~1e-9 of 1: the loss lives in the digits the combine keeps
         rows = token_rows(logits, label_layout)
@@ -146,16 +166,17 @@ def random_case_inputs(shape: Tuple[int, ...], dtype: torch.dtype, *, offset: in
         labels = torch.where(dropped, torch.full_like(labels, ignore_index), labels)
     weights = torch.rand(tokens, generator=S.generator(offset + 4))
     weights = torch.where(weights < 0.1, torch.zeros_like(weights), weights)
-    return logits.to(dtype), labels, weights
+    return logits.to(dtype), labels.to(label_dtype), weights
 
 
 def combine_slices(stats: List[torch.Tensor], labels: torch.Tensor, rank: int, *, vocab: int,
                    ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
-                   z_loss: float = 0.0, global_smoothing: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                   z_loss: float = 0.0, global_smoothing: bool = False,
+                   label_out_of_range: str = "error") -> Tuple[torch.Tensor, torch.Tensor]:
     return cegen.combine_shard_stats(
         torch.stack(stats), labels, ignore_index=ignore_index, label_smoothing=label_smoothing,
         z_loss=z_loss, vocab_local=vocab // len(stats), vocab=vocab,
-        global_smoothing=global_smoothing, rank=rank)
+        global_smoothing=global_smoothing, rank=rank, label_out_of_range=label_out_of_range)
 
 
 class TestCombine(unittest.TestCase):
@@ -173,7 +194,8 @@ class TestCombine(unittest.TestCase):
     def check(self, logits: torch.Tensor, labels: torch.Tensor, world: int, rtol: float,
               atol: float, what: str, **options: Any) -> None:
         local = VOCAB // world
-        stat_options = {k: v for k, v in options.items() if k in ("ignore_index", "label_smoothing")}
+        stat_options = {k: v for k, v in options.items()
+                        if k in ("ignore_index", "label_smoothing", "label_out_of_range")}
         stats = [reference_stats(logits[..., r * local:(r + 1) * local], labels, start=r * local,
                                  vocab=VOCAB, **stat_options) for r in range(world)]
         expected, _ = reference_tp(logits, labels, world=world, **options)
@@ -228,6 +250,49 @@ class TestCombine(unittest.TestCase):
         self.assertTrue(bool(torch.isfinite(lse).all()))
         others = [0, 3, 4, 5]
         self.assertTrue(bool(torch.isfinite(loss[others]).all()))
+
+    def test_megatron_policy_takes_the_maximum_as_target(self) -> None:
+        # A label in no slice (-100, -1, V, V + 5, 2**40): statistics target 0, and the
+        # combine takes the global maximum, so loss = lse - max = log1p(rest).
+        option_sets = [{}, {"ignore_index": -100}, {"label_smoothing": 0.1},
+                       {"label_smoothing": 0.1, "global_smoothing": True, "z_loss": 1e-4}]
+        for world in (1, 2, 4):
+            for index, options in enumerate(option_sets):
+                with self.subTest(world=world, **options):
+                    logits, labels, _ = random_case_inputs((24, VOCAB), torch.float32,
+                                                           offset=500 + 10 * index, sft_labels=True)
+                    self.check(logits, labels, world, *S.LOSS_TOLERANCE[torch.float32],
+                               "megatron policy", label_out_of_range="megatron", **options)
+        logits, labels, _ = random_case_inputs((24, VOCAB), torch.float32, offset=540,
+                                               sft_labels=True)
+        local = VOCAB // 2
+        stats = [reference_stats(logits[:, r * local:(r + 1) * local], labels, start=r * local,
+                                 vocab=VOCAB, label_out_of_range="megatron") for r in range(2)]
+        loss, lse = combine_slices(stats, labels, 0, vocab=VOCAB, label_out_of_range="megatron")
+        outside = (labels < 0) | (labels >= VOCAB)
+        self.assertGreaterEqual(int(outside.sum()), 4)
+        x = logits.to(torch.float64)
+        expected = torch.logsumexp(x, dim=-1) - x.max(dim=-1).values
+        S.assert_close(self, loss[outside], expected[outside], 1e-5, 1e-6, "lse - max")
+        strict, _ = combine_slices(stats, labels, 0, vocab=VOCAB)  # target 0 taken as x_y
+        self.assertFalse(torch.allclose(strict[outside], loss[outside]))
+
+    def test_reference_is_megatron_cores(self) -> None:
+        # reference_tp's "megatron" policy against the Megatron-Core stand-in (TP = 1).
+        from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy_impl
+
+        for smoothing in (0.0, 0.1):
+            with self.subTest(label_smoothing=smoothing):
+                logits, labels, weights = random_case_inputs((6, 5, VOCAB), torch.float64,
+                                                             offset=560, sft_labels=True)
+                expected_loss, expected_grad = reference_tp(
+                    logits, labels, world=1, label_smoothing=smoothing, grad_loss=weights,
+                    label_out_of_range="megatron")
+                x = logits.clone().requires_grad_(True)
+                core = vocab_parallel_cross_entropy_impl(x, labels.t().contiguous(), smoothing).t()
+                (core * weights.to(torch.float64)).sum().backward()
+                S.assert_close(self, expected_loss[0], core, 1e-12, 1e-12, "loss")
+                S.assert_close(self, expected_grad, x.grad, 1e-12, 1e-12, "gradient")
 
     def test_rejects_mismatched_shapes(self) -> None:
         labels = torch.zeros(5, dtype=torch.int64)
@@ -284,6 +349,40 @@ class TestShardKernels(unittest.TestCase):
                                                                  str(VOCAB + 1)):
                 _kernels.shard_stats(piece, labels, self.options(rank * local))
 
+    def test_label_outside_the_vocabulary_under_megatron_policy(self) -> None:
+        logits, labels, _ = random_case_inputs((6, 5, VOCAB), torch.float32, offset=260,
+                                               sft_labels=True)
+        world, local = 2, VOCAB // 2
+        for rank in range(world):
+            with self.subTest(rank=rank):
+                piece = logits[..., rank * local:(rank + 1) * local].contiguous()
+                with _kernels.poison_outputs():
+                    stats = _kernels.shard_stats(
+                        piece, labels, self.options(rank * local, label_smoothing=0.1,
+                                                    label_out_of_range="megatron"))
+                expected = reference_stats(piece, labels, start=rank * local, vocab=VOCAB,
+                                           label_smoothing=0.1, label_out_of_range="megatron")
+                S.assert_close(self, stats, expected, 1e-5, 1e-5, "shard statistics")
+                outside = (labels < 0) | (labels >= VOCAB)
+                self.assertTrue(bool((stats[..., 2][outside] == 0).all()), "target of a bad label")
+
+    def test_megatron_policy_simulated_ranks(self) -> None:
+        cases = [
+            ((33, VOCAB), torch.float32, "bs", torch.int64, {}),
+            ((33, VOCAB), torch.bfloat16, "bs", torch.int32,
+             {"ignore_index": -100, "label_smoothing": 0.1}),
+            ((4, 6, VOCAB), torch.float16, "sb", torch.int64,
+             {"label_smoothing": 0.1, "global_smoothing": True, "z_loss": 1e-4}),
+            ((6, 4, VOCAB), torch.float32, "bs", torch.int32, {"z_loss": 1e-4}),
+        ]
+        for index, (shape, dtype, layout, label_dtype, options) in enumerate(cases):
+            for world in (2, 4):
+                with self.subTest(shape=shape, dtype=dtype, labels=label_dtype, world=world,
+                                  **options):
+                    self.simulate(shape, dtype, layout, world, 600 + 10 * index,
+                                  dict(options, label_out_of_range="megatron"),
+                                  sft_labels=True, label_dtype=label_dtype)
+
     def test_simulated_ranks_match_the_reference(self) -> None:
         cases = [
             ((33, VOCAB), torch.float32, "bs", {}),
@@ -297,9 +396,11 @@ class TestShardKernels(unittest.TestCase):
                     self.simulate(shape, dtype, layout, world, 300 + 10 * index, options)
 
     def simulate(self, shape: Tuple[int, ...], dtype: torch.dtype, layout: str, world: int,
-                 offset: int, options: Dict[str, Any]) -> None:
+                 offset: int, options: Dict[str, Any], sft_labels: bool = False,
+                 label_dtype: torch.dtype = torch.int64) -> None:
         logits, labels, weights = random_case_inputs(shape, dtype, offset=offset, label_layout=layout,
-                                                     ignore_index=options.get("ignore_index"))
+                                                     ignore_index=options.get("ignore_index"),
+                                                     sft_labels=sft_labels, label_dtype=label_dtype)
         local = VOCAB // world
         pieces = [logits[..., r * local:(r + 1) * local].contiguous() for r in range(world)]
         stats_options = {k: v for k, v in options.items() if k != "z_loss"}
@@ -370,15 +471,24 @@ class Case:
     no_grad: bool = False
     confident: bool = False
     bad_label: bool = False
+    #: Megatron SFT labels (-100 prompts, -1, V, V + 5, 2**40 or 2**31 - 1) under the
+    #: "megatron" label policy.
+    sft_labels: bool = False
+    label_dtype: torch.dtype = torch.int64
+
+    @property
+    def label_out_of_range(self) -> str:
+        return "megatron" if self.sft_labels else "error"
 
     def options(self) -> Dict[str, Any]:
         return dict(ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
                     z_loss=self.z_loss, global_smoothing=self.global_smoothing,
-                    label_layout=self.label_layout)
+                    label_layout=self.label_layout, label_out_of_range=self.label_out_of_range)
 
     def single_process_options(self) -> Dict[str, Any]:
         return dict(ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-                    z_loss=self.z_loss, label_layout=self.label_layout)
+                    z_loss=self.z_loss, label_layout=self.label_layout,
+                    label_out_of_range=self.label_out_of_range)
 
     @property
     def rank_losses_differ(self) -> bool:
@@ -401,9 +511,19 @@ CASES = [
     Case("no_grad", (40, VOCAB), torch.float32, no_grad=True),
     Case("confident", (40, VOCAB), torch.float32, confident=True),
     Case("bad_label", (40, VOCAB), torch.float32, ignore_index=-100, bad_label=True),
+    Case("sft_labels", (40, VOCAB), torch.float32, sft_labels=True),
+    Case("sft_labels_sbv_bs_bf16_i32_overwrite", (6, 5, VOCAB), torch.bfloat16, sft_labels=True,
+         label_dtype=torch.int32, overwrite=True),
+    Case("sft_labels_sbv_bs_f16_overwrite", (6, 5, VOCAB), torch.float16, sft_labels=True,
+         overwrite=True),
+    Case("sft_labels_sbv_sb_f16_i32_smoothing_local", (5, 4, VOCAB), torch.float16,
+         label_layout="sb", label_smoothing=0.1, sft_labels=True, label_dtype=torch.int32),
+    Case("sft_labels_ignore_z_loss_global", (40, VOCAB), torch.float32, ignore_index=-100,
+         label_smoothing=0.1, global_smoothing=True, z_loss=1e-4, sft_labels=True),
+    Case("sft_labels_no_grad", (40, VOCAB), torch.bfloat16, sft_labels=True, no_grad=True),
 ]
 #: Cases the TP = 4 run repeats over two TP = 2 groups of its ranks.
-SUBGROUP_CASES = ("plain", "smoothing_local")
+SUBGROUP_CASES = ("plain", "smoothing_local", "sft_labels")
 BAD_LABEL = VOCAB + 3
 
 
@@ -411,7 +531,9 @@ def materialize(case: Case, offset: int) -> Dict[str, Any]:
     logits, labels, weights = random_case_inputs(case.shape, case.dtype, offset=offset,
                                                  label_layout=case.label_layout,
                                                  ignore_index=case.ignore_index,
-                                                 confident=case.confident)
+                                                 confident=case.confident,
+                                                 sft_labels=case.sft_labels,
+                                                 label_dtype=case.label_dtype)
     if case.bad_label:
         labels.view(-1)[7] = BAD_LABEL
     options = case.options()
@@ -426,7 +548,17 @@ def megatron_inputs(seq: int = 7, batch: int = 3, hidden_size: int = 16) -> Dict
     weight = S.random_logits((VOCAB, hidden_size), scale=hidden_size ** -0.5, offset=901)
     labels = S.random_labels((batch, seq), VOCAB, offset=902)
     mask = (torch.rand((batch, seq), generator=S.generator(903)) > 0.25).float()
-    return {"hidden": hidden, "weight": weight, "labels": labels, "mask": mask}
+    # SFT: -100 prompts and ids outside the vocabulary; the loss mask keeps the vocabulary
+    # ids; "sft_weights" (random, > 0 everywhere) also weighs the tokens the mask drops.
+    sft_labels = S.sft_labels((batch, seq), VOCAB, offset=904)
+    sft_mask = ((sft_labels >= 0) & (sft_labels < VOCAB)).float()
+    sft_weights = torch.rand((batch, seq), generator=S.generator(905)) + 0.25
+    # Only what real SFT batches hold: -100 and vocabulary ids (TE's loss is finite there).
+    prompt_labels = torch.where(sft_mask.bool() | (sft_labels == -100), sft_labels,
+                                torch.zeros_like(sft_labels))
+    return {"hidden": hidden, "weight": weight, "labels": labels, "mask": mask,
+            "sft_labels": sft_labels, "sft_mask": sft_mask, "sft_weights": sft_weights,
+            "prompt_labels": prompt_labels}
 
 
 def start_group(world: int, inputs: Path, directory: Path) -> Dict[str, Any]:
@@ -616,6 +748,57 @@ class TestProcessGroups(unittest.TestCase):
             self.assertEqual(len(step["logged"]), 1)
             self.assertRegex(step["logged"][0], "tensor-parallel size is 2 but the tensor-parallel "
                                                 "group is a FakeProcessGroup")
+
+
+    def test_megatron_standin_sft_labels_at_tp2(self) -> None:
+        # SFT batches at TP = 2: -100 prompts and other ids outside the vocabulary, native
+        # (Megatron-Core's semantics) and te (TE's -100, Core's for the others), reduced by
+        # the loss mask or by weights on every token; against the TP = 1 stand-in in float64.
+        from cegen import megatron as turbo_ce
+        from megatron.core.models.gpt.gpt_model import TinyGPTModel
+        from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        data = self.megatron
+        turbo_ce.uninstall()
+
+        def reference(labels: torch.Tensor, weights: torch.Tensor, impl: str):  # type: ignore[no-untyped-def]
+            config = TransformerConfig(tensor_model_parallel_size=1, cross_entropy_loss_fusion=True)
+            groups = ProcessGroupCollection(tp=FakeProcessGroup(1), cp=FakeProcessGroup(1),
+                                            pp=FakeProcessGroup(1), embd=None)
+            module = TinyGPTModel(config, hidden_size=data["hidden"].shape[-1], vocab_size=VOCAB,
+                                  pg_collection=groups,
+                                  output_weight=data["weight"].to(torch.float64).clone())
+            loss = module(data["hidden"].to(torch.float64), labels)  # Core's, in float64
+            if impl == "te":  # TE's ignore_idx
+                loss = torch.where(labels == -100, torch.zeros_like(loss), loss)
+            ((loss * weights).sum() / weights.sum()).backward()
+            return loss.detach(), module.output_weight.grad
+
+        ranks = [r["megatron"] for r in self.results[2]]
+        runs = {"sft_{}": ("sft_labels", "sft_mask"), "sft_{}_overwrite": ("sft_labels", "sft_mask"),
+                "sft_{}_weighted": ("sft_labels", "sft_weights"),
+                "prompts_{}": ("prompt_labels", "sft_weights"),
+                "prompts_{}_original": ("prompt_labels", "sft_weights")}
+        checks = [(name.format(impl), impl, labels, weights)
+                  for impl in ("native", "te") for name, (labels, weights) in runs.items()]
+        checks.append(("sft_native_original", "native", "sft_labels", "sft_weights"))
+        for run, impl, labels, weights in checks:
+            with self.subTest(run=run):
+                expected_loss, expected_grad = reference(data[labels], data[weights], impl)
+                for rank, result in enumerate(ranks):
+                    step = result[run]
+                    self.assertTrue(bool(torch.isfinite(step["loss"]).all()), f"{run} rank {rank}")
+                    S.assert_close(self, step["loss"], expected_loss, 1e-5, 1e-5, f"{run} rank {rank} loss")
+                    if not run.endswith("_original"):
+                        self.assertEqual(step["original_calls"], 0, f"{run} fell back: {step['logged']}")
+                        self.assertEqual(step["logged"], [])
+                        self.assertEqual(step["refused"], [])
+                grad = torch.cat([result[run]["grad"] for result in ranks], dim=0)
+                S.assert_close(self, grad, expected_grad, 1e-4, 1e-6, f"{run} weight gradient")
+                if impl == "te":
+                    ignored = data[labels] == -100
+                    self.assertTrue(all(bool((r[run]["loss"][ignored] == 0).all()) for r in ranks))
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 
 Semantics of Megatron-Core's ``megatron/core/tensor_parallel/cross_entropy.py``: each rank
 of the tensor-parallel group holds the logits of an equal vocabulary slice (global ids
-``[rank * V_local, (rank + 1) * V_local)``), labels are global ids; fp32 math; a MAX
-all-reduce of the row maxima, then SUM all-reduces of the target logit (0 on ranks that
-do not hold the label, so a label outside the vocabulary gets 0 and loss = lse) and of the
-sums of exponentials. Label smoothing uses the local slice: ``s = alpha * V_local /
-(V_local - 1)`` and the mean log-probability of the rank's own slice. Backward:
-``g * (softmax - (1 - s) [j == label] - s / V_local)`` on the local slice, no
-communication. Without a torch.distributed group of more than one rank (a
-FakeProcessGroup, or none) it computes the single-rank loss.
+``[rank * V_local, (rank + 1) * V_local)``), labels are global ids; fp32 math (float64
+logits stay float64: the tests' reference); a MAX all-reduce of the row maxima, then SUM
+all-reduces of the target logit and of the sums of exponentials, both shifted by the row
+maximum. The target logit is 0 on ranks that do not hold the label, so a label outside
+the vocabulary (any id: -100, -1, V + 5, 2**40) has shifted target 0, i.e. its target
+logit is taken as the row maximum: loss = lse - max, and its gradient has no one-hot term.
+Label smoothing uses the local slice: ``s = alpha * V_local / (V_local - 1)`` and the mean
+log-probability of the rank's own slice. Backward: ``g * (softmax - (1 - s) [j == label]
+- s / V_local)`` on the local slice, no communication. Without a torch.distributed group
+of more than one rank (a FakeProcessGroup, or none) it computes the single-rank loss.
 """
 
 import torch
@@ -35,7 +37,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, label_smoothing, tp_group):
         rank, size = _rank_and_size(tp_group)
-        x = logits.float()
+        x = logits if logits.dtype == torch.float64 else logits.float()
         vocab_local = x.shape[-1]
         start = rank * vocab_local
         row_max = _all_reduce(x.max(dim=-1)[0], torch.distributed.ReduceOp.MAX, tp_group, size)
@@ -61,7 +63,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_output):
         softmax, elsewhere, local = ctx.saved_tensors
         grad = softmax.clone()
-        hit = (1.0 - ctx.smoothing) * (~elsewhere).float()
+        hit = (1.0 - ctx.smoothing) * (~elsewhere).to(grad.dtype)
         grad.scatter_add_(-1, local.unsqueeze(-1), -hit.unsqueeze(-1))
         if ctx.smoothing:
             grad -= ctx.smoothing / ctx.vocab_local

@@ -6,7 +6,9 @@ attributes it sets (config, pg_collection, tp_group, cp_group, pp_group, embd_gr
 vp_stage, vp_size), and ``compute_language_model_loss(self, labels, logits)``: labels
 [b, s] are transposed to [s, b], the loss comes from the fused (``native`` / ``te``) or
 the unfused vocab-parallel cross entropy depending on ``config.cross_entropy_loss_fusion``
-and ``config.cross_entropy_fusion_impl``, and is returned as [b, s] float32.
+and ``config.cross_entropy_fusion_impl``, and is returned as [b, s] float32. ``te`` calls
+the Transformer Engine stand-in (``megatron_standin/transformer_engine``) through
+``megatron.core.extensions.transformer_engine``, as Megatron-Core does.
 """
 
 from typing import Optional
@@ -19,7 +21,10 @@ from megatron.core.fusions.fused_cross_entropy import fused_vocab_parallel_cross
 from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-te_parallel_cross_entropy = None  # TransformerEngine is not installed here
+try:  # as in Megatron-Core: None where Transformer Engine is missing (tests may set it)
+    from megatron.core.extensions.transformer_engine import te_parallel_cross_entropy
+except ImportError:
+    te_parallel_cross_entropy = None
 
 CALLS = {"compute_language_model_loss": 0}
 
