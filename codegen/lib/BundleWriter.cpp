@@ -1,8 +1,19 @@
 //===- BundleWriter.cpp - Write a bundle manifest -------------------------===//
+//
+// The manifest ties itself to its code objects: every object carries the
+// SHA-256 of its file, and the manifest the SHA-256 of its own text (with
+// that hash's digits as zeros), which the runtime checks before it trusts
+// either (docs/bundle-format.md, "Integrity").
+//
+//===----------------------------------------------------------------------===//
 
 #include "ce/Codegen/BundleWriter.h"
+#include "ce/runtime/ce_runtime.h"
 
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SHA256.h"
 
 using namespace mlir;
 using namespace mlir::ce;
@@ -17,14 +28,40 @@ static llvm::json::Object launchOf(const KernelInfo &kernel) {
   return launch;
 }
 
+static std::string sha256Hex(StringRef bytes) {
+  return llvm::toHex(llvm::SHA256::hash(llvm::arrayRefFromStringRef(bytes)),
+                     /*LowerCase=*/true);
+}
+
+LogicalResult mlir::ce::hashObjectFiles(StringRef directory,
+                                        MutableArrayRef<BundleObject> objects,
+                                        std::string &error) {
+  for (BundleObject &object : objects) {
+    std::string path = (directory + "/" + object.file).str();
+    auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false,
+                                              /*RequiresNullTerminator=*/false);
+    if (!buffer) {
+      error = "cannot read '" + path + "': " + buffer.getError().message();
+      return failure();
+    }
+    object.sha256 = sha256Hex((*buffer)->getBuffer());
+  }
+  return success();
+}
+
+/// The key of the manifest's own hash; the runtime's kManifestSealKey.
+static constexpr llvm::StringLiteral kSealKey = "manifest_sha256";
+
 void mlir::ce::writeManifest(llvm::raw_ostream &os,
                              ArrayRef<BundleObject> objects) {
   llvm::json::Array objectList;
   llvm::json::Array kernelList;
   for (const BundleObject &object : objects) {
+    assert(object.sha256.size() == 64 && "hashObjectFiles fills sha256");
     objectList.push_back(llvm::json::Object{{"file", object.file},
                                             {"target", object.target},
-                                            {"kind", object.kind}});
+                                            {"kind", object.kind},
+                                            {"sha256", object.sha256}});
     for (const KernelInfo &kernel : object.kernels) {
       llvm::json::Array args;
       for (const KernelArg &arg : kernel.args)
@@ -40,10 +77,21 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
           {"launch", launchOf(kernel)}});
     }
   }
+  // The seal is written as zeros, the text hashed, and the zeros replaced
+  // by the hash: the runtime hashes the text with them zeroed again.
+  std::string zeros(64, '0');
   llvm::json::Object manifest{{"format", "cegen-bundle"},
-                              {"version", 2},
+                              {"version", CE_RUNTIME_BUNDLE_VERSION},
                               {"generator", "ce-gen 0.1.0"},
                               {"objects", std::move(objectList)},
-                              {"kernels", std::move(kernelList)}};
-  os << llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))) << "\n";
+                              {"kernels", std::move(kernelList)},
+                              {kSealKey, zeros}};
+  std::string text =
+      llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))).str() +
+      "\n";
+  std::string placeholder = ("\"" + kSealKey + "\": \"" + zeros + "\"").str();
+  size_t at = text.find(placeholder);
+  assert(at != std::string::npos && "the seal is written as a plain string");
+  text.replace(at + placeholder.size() - 65, 64, sha256Hex(text));
+  os << text;
 }

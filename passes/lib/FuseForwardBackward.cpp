@@ -70,6 +70,11 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
   if (fwd->getBlock() != bwd->getBlock())
     return "forward and backward are in different blocks";
   Value gradLoss = bwd.getGradLoss();
+  // The fused op would read its weights from a buffer it writes.
+  if (gradLoss == fwd.getLoss() || gradLoss == fwd.getLse())
+    return std::string("the upstream gradient is the forward's own ") +
+           (gradLoss == fwd.getLoss() ? "loss" : "lse") +
+           " buffer, which the fused op writes";
   if (Operation *def = gradLoss.getDefiningOp()) {
     if (def->getBlock() == fwd->getBlock() && !def->isBeforeInBlock(fwd))
       return "the upstream gradient is defined after the forward";

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ce/runtime/Bundle.h"
+#include "ce/runtime/ObjectCheck.h"
 
 #include <algorithm>
 #include <atomic>
@@ -92,6 +93,12 @@ Status Bundle::open(const std::string &directory,
       return Status::bundleError("object file '" + path + "' named by " +
                                  manifestPath + " (objects[" +
                                  std::to_string(i) + "]) does not exist");
+    // Every object is checked now, so that a damaged bundle fails here; a
+    // host object must be, since dlopen faults on a truncated file. (GPU
+    // objects are checked again when they are read for loading.)
+    std::string bytes;
+    if (Status status = readCodeObject(path, object, i, bytes); !status.isOk())
+      return status;
     if (object.target != kHostTarget)
       continue;
     // RTLD_LOCAL keeps each bundle's symbols to itself; RTLD_NOW makes a
@@ -150,6 +157,17 @@ const KernelInfo *Bundle::findKernel(std::string_view target,
 
 std::string Bundle::objectPath(const std::string &file) const {
   return joinPath(bundleDirectory, file);
+}
+
+Status Bundle::readObject(const std::string &file, std::string &bytes) const {
+  const std::vector<ObjectInfo> &objects = bundleManifest.objects;
+  for (size_t i = 0; i < objects.size(); ++i)
+    if (objects[i].file == file)
+      return readCodeObject(objectPath(file), objects[i], i, bytes);
+  return Status::error(CE_ERROR_BACKEND, "object '" + file +
+                                             "' is not listed in the "
+                                             "manifest of bundle '" +
+                                             bundleDirectory + "'");
 }
 
 void *Bundle::hostEntry(const KernelInfo &kernel) const {

@@ -18,10 +18,7 @@
 #include "ce/runtime/Launch.h"
 
 #include <array>
-#include <cerrno>
 #include <climits>
-#include <cstring>
-#include <fstream>
 
 namespace ce {
 
@@ -30,9 +27,6 @@ namespace {
 constexpr size_t kMaxArgs = 8;
 /// allocated, aligned, offset, sizes[3], strides[3].
 constexpr size_t kMaxFieldsPerArg = 3 + 2 * CE_MAX_RANK;
-
-/// GPU code objects are bigger than manifests, but not this big.
-constexpr std::streamoff kMaxObjectBytes = std::streamoff(1) << 30;
 
 const char *functionName(KernelOp op) {
   switch (op) {
@@ -46,24 +40,6 @@ const char *functionName(KernelOp op) {
     return "ce_shard_stats";
   }
   return "?";
-}
-
-Status readObject(const std::string &path, std::string &contents) {
-  std::ifstream stream(path, std::ios::binary | std::ios::ate);
-  if (!stream)
-    return Status::bundleError("cannot open code object '" + path +
-                               "': " + std::strerror(errno));
-  std::streamoff size = stream.tellg();
-  if (size <= 0 || size > kMaxObjectBytes)
-    return Status::bundleError("code object '" + path + "' has " +
-                               std::to_string(size) + " bytes");
-  contents.resize(static_cast<size_t>(size));
-  stream.seekg(0);
-  if (!stream.read(contents.data(), size))
-    return Status::bundleError("cannot read code object '" + path + "'");
-  // PTX is text that the driver reads up to its NUL; std::string keeps one
-  // past the end, which c_str() hands over.
-  return Status::ok();
 }
 
 /// The kernel parameters of one launch: values and the pointers to them
@@ -137,7 +113,7 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
                     [&](LoadedModule &fresh) {
                       std::string path = bundle.objectPath(info.object);
                       std::string image;
-                      if (Status status = readObject(path, image);
+                      if (Status status = bundle.readObject(info.object, image);
                           !status.isOk())
                         return status;
                       // Loading while a graph is captured elsewhere in

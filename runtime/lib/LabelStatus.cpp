@@ -37,7 +37,9 @@ LabelContext labelContext(const LaunchPlan &plan) {
   LabelContext context;
   context.variant = plan.variant;
   context.numTokens = plan.numTokens;
-  context.vocabSize = plan.vocabSize;
+  // A shard's labels are global ids: the range is the whole vocabulary's.
+  context.vocabSize =
+      plan.variant.shard ? plan.variant.shard->vocab : plan.vocabSize;
   context.tokenRank = plan.tokenRank;
   context.tokenSizes[0] = plan.tokenSizes[0];
   context.tokenSizes[1] = plan.tokenSizes[1];

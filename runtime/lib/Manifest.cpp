@@ -9,6 +9,7 @@
 
 #include "ce/runtime/Manifest.h"
 #include "ce/runtime/Json.h"
+#include "ce/runtime/Sha256.h"
 
 #include <limits>
 #include <algorithm>
@@ -180,6 +181,7 @@ private:
     return Status::ok();
   }
 
+  Status checkSeal(const json::Value &root) const;
   Status readObject(const json::Value &value, const std::string &where,
                     ObjectInfo &object) const;
   Status readKernel(const json::Value &value, const std::string &where,
@@ -235,6 +237,9 @@ Status ManifestReader::read(Manifest &manifest) {
             std::to_string(manifest.version) +
             " or regenerate the bundle with a matching ce-gen");
 
+  if (Status status = checkSeal(root); !status.isOk())
+    return status;
+
   if (const json::Value *generator = root.get("generator")) {
     if (!generator->isString())
       return errorAt(*generator, "\"generator\" must be a string");
@@ -285,6 +290,39 @@ Status ManifestReader::read(Manifest &manifest) {
   return Status::ok();
 }
 
+Status ManifestReader::checkSeal(const json::Value &root) const {
+  // `manifest_sha256` is the SHA-256 of this text with its own 64 digits
+  // written as zeros: any change to the manifest, down to a byte of
+  // whitespace, is an error, so that a damaged manifest cannot describe its
+  // kernels wrongly (another variant's key, another launch shape). Version 1
+  // writers did not record it.
+  const json::Value *seal = root.get(kManifestSealKey);
+  if (formatVersion < 2 && !seal)
+    return Status::ok();
+  if (Status status =
+          require(root, "", kManifestSealKey, json::Value::Kind::String, seal);
+      !status.isOk())
+    return status;
+  const std::string &recorded = seal->getString();
+  if (!isSha256Hex(recorded) ||
+      text.compare(seal->offset(), recorded.size() + 2,
+                   "\"" + recorded + "\"") != 0)
+    return errorAt(*seal, std::string("\"") + kManifestSealKey +
+                              "\" must be a SHA-256 written as 64 lowercase "
+                              "hex digits");
+  std::string zeroed(text);
+  zeroed.replace(seal->offset() + 1, recorded.size(), recorded.size(), '0');
+  std::string actual = sha256Hex(zeroed);
+  if (actual != recorded)
+    return Status::bundleError(
+        path + " has changed since ce-gen wrote it: its SHA-256 (with \"" +
+        kManifestSealKey + "\" as zeros) is " + actual + ", \"" +
+        kManifestSealKey + "\" records " + recorded +
+        "; the manifest is damaged or incompletely copied: regenerate or "
+        "copy the bundle again");
+  return Status::ok();
+}
+
 Status ManifestReader::readObject(const json::Value &value,
                                   const std::string &where,
                                   ObjectInfo &object) const {
@@ -299,6 +337,17 @@ Status ManifestReader::readObject(const json::Value &value,
   if (Status status = requireString(value, where, "kind", object.kind);
       !status.isOk())
     return status;
+  // The object's content hash ties the manifest to the objects of its own
+  // ce-gen run; version 1 writers did not record it.
+  if (formatVersion >= 2 || value.get("sha256")) {
+    if (Status status = requireString(value, where, "sha256", object.sha256);
+        !status.isOk())
+      return status;
+    if (!isSha256Hex(object.sha256))
+      return errorAt(*value.get("sha256"),
+                     where + ".sha256 \"" + object.sha256 +
+                         "\" is not a SHA-256 (64 lowercase hex digits)");
+  }
   // Code objects live inside the bundle: a manifest must not make the
   // runtime load an arbitrary file from elsewhere.
   const std::string &file = object.file;

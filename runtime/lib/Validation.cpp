@@ -404,6 +404,7 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     switch (arg.role) {
     case ArgRole::Logits:
     case ArgRole::Status:
+    case ArgRole::Flags: // a value, not a tensor of the call
       break;
     case ArgRole::Labels:
       if (Status status =

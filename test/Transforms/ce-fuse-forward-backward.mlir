@@ -117,6 +117,25 @@ func.func @same_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>,
 
 // -----
 
+// Not fused (and the IR stays valid): the upstream gradient is the forward's
+// own loss or lse buffer, which the fused op would write while reading it.
+
+func.func @gradient_is_forward_output(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: the upstream gradient is the forward's own loss buffer, which the fused op writes}}
+  ce.backward %x, %y, %lse, %loss into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+func.func @gradient_is_forward_lse(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {
+  ce.forward %x, %y into %loss, %lse layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: the upstream gradient is the forward's own lse buffer, which the fused op writes}}
+  ce.backward %x, %y, %lse, %lse into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
 // Not fused: no forward writes the lse.
 
 func.func @no_forward(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>) {

@@ -255,9 +255,17 @@ TEST(BundleOpen, ObjectOutsideTheBundle) {
 
 TEST(BundleOpen, ObjectThatIsNotASharedObject) {
   TempDir dir;
-  dir.write("host-x86_64.so", "not an ELF file");
+  dir.write("host-x86_64.so", "not an ELF file, but longer than an ELF header "
+                              "so that the magic number is what is wrong");
   dir.write("manifest.json", oneKernelManifest());
-  EXPECT_THAT(openFails(dir.path()), HasSubstr("cannot load host object"));
+  std::string message = openFails(dir.path());
+  EXPECT_THAT(message, HasSubstr(dir.path() + "/host-x86_64.so"));
+  EXPECT_THAT(message, HasSubstr("is damaged (not a valid x86-64 shared "
+                                 "object): not an ELF file"));
+  // A GPU code object where the host one should be.
+  dir.write("host-x86_64.so", fakeHsaco(""));
+  EXPECT_THAT(openFails(dir.path()),
+              HasSubstr("ELF machine 224, expected 62 (x86-64)"));
 }
 
 TEST(BundleOpen, MissingSymbol) {
@@ -399,7 +407,7 @@ TEST(BundleOpen, FlagsAreAVersionTwoTrailingScalar) {
 TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
   TempDir dir;
   dir.copyFakeKernels();
-  dir.write("gfx942.hsaco", "code object");
+  dir.write("gfx942.hsaco", fakeHsaco(""));
   std::string manifest = R"({"format": "cegen-bundle", "version": 1,
     "objects": [{"file": "gfx942.hsaco", "target": "gfx942", "kind": "hsaco"}],
     "kernels": [{"key": "KEY", "target": "gfx942", "object": "gfx942.hsaco",
@@ -449,14 +457,16 @@ std::string gpuManifest(const std::string &target, const std::string &file,
 
 TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
   TempDir dir;
-  dir.write("sm_90.ptx", "// PTX");
-  dir.write("gfx90a.hsaco", "code object");
+  dir.write("sm_90.ptx", fakePtx(""));
+  dir.write("sm_90.cubin",
+            fakeElf(/*EM_CUDA=*/190, /*ET_EXEC=*/2, /*OS ABI=*/0x33, ""));
+  dir.write("gfx90a.hsaco", fakeHsaco(""));
   const std::string fields = "memref-descriptor-fields";
   const std::string shape =
       R"({"block_size": 1024, "rows_per_block": 1, "lds_bytes": 0})";
   for (auto [target, file, kind] :
        {std::tuple{"sm_90", "sm_90.ptx", "ptx"},
-        std::tuple{"sm_90", "sm_90.ptx", "cubin"},
+        std::tuple{"sm_90", "sm_90.cubin", "cubin"},
         std::tuple{"sm_90a", "sm_90.ptx", "ptx"},
         std::tuple{"gfx90a", "gfx90a.hsaco", "hsaco"}}) {
     SCOPED_TRACE(std::string(target) + " " + kind);

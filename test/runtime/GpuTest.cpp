@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdio>
 #include <dlfcn.h>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -84,14 +85,22 @@ struct GpuKernelSpec {
   bool flags = false;   ///< takes the run-time flags (a version 2 manifest)
 };
 
+/// The fake code object for `target` (PTX or an HSACO) carrying `text`.
+std::string gpuObject(const std::string &target, const std::string &text) {
+  return target.rfind("sm_", 0) == 0 ? fakePtx(text) : fakeHsaco(text);
+}
+
 /// A bundle directory for GPU targets: one fake code object per target whose
-/// text lists each kernel's symbol and parameter count, and a manifest.
+/// text lists each kernel's symbol and parameter count (unless
+/// `listKernels` is false), and a manifest that records each object's
+/// SHA-256.
 class GpuBundle {
 public:
   GpuBundle(const std::vector<std::string> &targets,
             const std::vector<GpuKernelSpec> &kernels, int64_t blockSize = 256,
             int64_t rowsPerBlock = 1, int64_t ldsBytes = 0,
-            const std::string &objectText = "", bool mustOpen = true) {
+            const std::string &objectText = "", bool mustOpen = true,
+            bool listKernels = true) {
     std::string objects, entries;
     int version = 1;
     for (const std::string &target : targets) {
@@ -99,12 +108,15 @@ public:
       std::string file = target + (cuda ? ".ptx" : ".hsaco");
       std::string text = objectText;
       for (const GpuKernelSpec &kernel : kernels)
-        text += kernel.symbol + " " +
-                std::to_string(paramCount(kernel.key) + kernel.flags) + "\n";
-      dir.write(file, text);
+        if (listKernels)
+          text += kernel.symbol + " " +
+                  std::to_string(paramCount(kernel.key) + kernel.flags) + "\n";
+      std::string object = gpuObject(target, text);
+      dir.write(file, object);
       objects += std::string(objects.empty() ? "" : ", ") + "{\"file\": \"" +
                  file + "\", \"target\": \"" + target + "\", \"kind\": \"" +
-                 (cuda ? "ptx" : "hsaco") + "\"}";
+                 (cuda ? "ptx" : "hsaco") + "\", \"sha256\": \"" +
+                 sha256Of(object) + "\"}";
       for (const GpuKernelSpec &kernel : kernels) {
         std::string args;
         for (auto &[role, rank, dtype] : canonicalArgs(kernel.key))
@@ -130,10 +142,14 @@ public:
                    "}, \"args\": [" + args + "]}";
       }
     }
-    dir.write("manifest.json", "{\"format\": \"cegen-bundle\", \"version\": " +
-                                   std::to_string(version) +
-                                   ", \"objects\": [" + objects +
-                                   "], \"kernels\": [" + entries + "]}");
+    std::string manifest = "{\"format\": \"cegen-bundle\", \"version\": " +
+                           std::to_string(version) + ", \"objects\": [" +
+                           objects + "], \"kernels\": [" + entries + "]";
+    if (version >= 2)
+      manifest += ", \"manifest_sha256\": \"" + std::string(64, '0') + "\"";
+    manifest += "}";
+    dir.write("manifest.json",
+              version >= 2 ? sealManifest(manifest) : manifest);
     ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
     if (mustOpen) {
       EXPECT_EQ(status, CE_OK) << ce_last_error_message();
@@ -452,13 +468,10 @@ TEST_P(GpuTest, LoadAndSymbolErrors) {
     }
   }
   {
-    GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}});
     // The object lists another symbol than the manifest names.
-    std::string objectFile = bundle.path() + "/" + target() +
-                             (device() == CE_DEVICE_CUDA ? ".ptx" : ".hsaco");
-    FILE *file = std::fopen(objectFile.c_str(), "w");
-    std::fputs("some_other_kernel 27\n", file);
-    std::fclose(file);
+    GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}}, 256, 1, 0,
+                     "some_other_kernel 27\n", /*mustOpen=*/true,
+                     /*listKernels=*/false);
     GpuProblem p(device(), 0);
     EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BUNDLE);
     EXPECT_THAT(ce_last_error_message(),
@@ -471,6 +484,39 @@ TEST_P(GpuTest, LoadAndSymbolErrors) {
     EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BACKEND);
     EXPECT_THAT(ce_last_error_message(), HasSubstr("aunchKernel failed"));
     state().failLaunch = 0;
+  }
+}
+
+TEST_P(GpuTest, AnObjectChangedAfterOpenIsNotLoaded) {
+  // The object is checked again when it is read for loading: what the
+  // driver gets is what the manifest's SHA-256 vouches for.
+  std::string file =
+      target() + (device() == CE_DEVICE_CUDA ? ".ptx" : ".hsaco");
+  {
+    // Another run's object, as well formed as the first.
+    GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}});
+    std::ofstream(bundle.path() + "/" + file, std::ios::binary)
+        << gpuObject(target(), "ce_forward_0 27\n# another run\n");
+    int64_t loads = state().moduleLoads;
+    GpuProblem p(device(), 0);
+    EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BUNDLE);
+    EXPECT_THAT(ce_last_error_message(),
+                HasSubstr(bundle.path() + "/" + file + "' (objects[0]"));
+    EXPECT_THAT(ce_last_error_message(), HasSubstr("does not match its "
+                                                   "manifest"));
+    EXPECT_EQ(state().moduleLoads, loads);
+  }
+  {
+    // Cut short.
+    GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}});
+    std::string bytes = readFile(bundle.path() + "/" + file);
+    std::ofstream(bundle.path() + "/" + file, std::ios::binary)
+        << bytes.substr(0, bytes.size() - 3);
+    int64_t loads = state().moduleLoads;
+    GpuProblem p(device(), 0);
+    EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BUNDLE);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr("is damaged (not a valid"));
+    EXPECT_EQ(state().moduleLoads, loads);
   }
 }
 

@@ -163,7 +163,9 @@ TEST(Launch, FlagsArePassedByValue) {
         << ce_last_error_message();
     EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
     EXPECT_EQ(bundle.record().flags,
-              policy == CE_LABEL_POLICY_MEGATRON ? kFlagMegatronLabels : 0);
+              policy == CE_LABEL_POLICY_MEGATRON
+                  ? static_cast<int64_t>(kFlagMegatronLabels)
+                  : int64_t{0});
     EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
   }
 }

@@ -2,12 +2,15 @@
 
 #include "TestBundle.h"
 
+#include "ce/runtime/Sha256.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <tuple>
 
 namespace ce::test {
@@ -46,14 +49,21 @@ canonicalArgs(const KernelVariantKey &key) {
   return args;
 }
 
-std::string manifestJson(const std::vector<KernelSpec> &kernels, int version) {
+std::string manifestJson(const std::vector<KernelSpec> &kernels, int version,
+                         const std::string &objectSha256) {
+  std::string hash;
+  if (version >= 2)
+    hash = ", \"sha256\": \"" +
+           (objectSha256.empty() ? sha256Of(fakeKernelBytes()) : objectSha256) +
+           "\"";
   std::string json = R"({
   "format": "cegen-bundle",
   "version": )" + std::to_string(version) +
                      R"(,
   "generator": "runtime_bundle_test",
   "objects": [
-    {"file": "host-x86_64.so", "target": "host", "kind": "shared-object"}
+    {"file": "host-x86_64.so", "target": "host", "kind": "shared-object")" +
+                     hash + R"(}
   ],
   "kernels": [)";
   for (size_t i = 0; i < kernels.size(); ++i) {
@@ -72,8 +82,94 @@ std::string manifestJson(const std::vector<KernelSpec> &kernels, int version) {
     json += "],\n      \"launch\": {\"block_size\": 0, \"rows_per_block\": 0, "
             "\"lds_bytes\": 0}}";
   }
-  json += "\n  ]\n}\n";
-  return json;
+  json += "\n  ]";
+  if (version >= 2)
+    json += ",\n  \"manifest_sha256\": \"" + std::string(64, '0') + "\"";
+  json += "\n}\n";
+  return version >= 2 ? sealManifest(json) : json;
+}
+
+std::string sha256Of(const std::string &bytes) { return sha256Hex(bytes); }
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot read " << path;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string fakeKernelBytes() {
+  static const std::string bytes = readFile(CE_FAKE_KERNELS_PATH);
+  return bytes;
+}
+
+std::string sealManifest(std::string text) {
+  const std::string key = "\"manifest_sha256\": \"";
+  size_t at = text.find(key);
+  EXPECT_NE(at, std::string::npos) << "no manifest_sha256 to seal";
+  if (at == std::string::npos || text.size() < at + key.size() + 64)
+    return text;
+  at += key.size();
+  text.replace(at, 64, std::string(64, '0'));
+  text.replace(at, 64, sha256Of(text));
+  return text;
+}
+
+std::string fakePtx(const std::string &payload) {
+  return "//\n// fake PTX for the runtime tests\n//\n\n.version 8.0\n"
+         ".target sm_90\n.address_size 64\n\n" +
+         payload + "\n.visible .entry ce_fake_entry()\n{\n\tret;\n}\n";
+}
+
+std::string fakeElf(uint16_t machine, uint16_t type, uint8_t osAbi,
+                    const std::string &payload) {
+  // ELF header, PT_LOAD and PT_DYNAMIC, the payload (NUL-terminated, padded
+  // to 8), the dynamic section, a DT_HASH table of one empty bucket, the
+  // null symbol and an empty string table.
+  constexpr uint64_t kPayloadAt = 64 + 2 * 56;
+  uint64_t dynamicAt = (kPayloadAt + payload.size() + 1 + 7) / 8 * 8;
+  uint64_t hashAt = dynamicAt + 5 * 16, symbolsAt = hashAt + 16,
+           stringsAt = symbolsAt + 24, size = stringsAt + 8;
+  std::string file(size, '\0');
+  auto put = [&](uint64_t at, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i)
+      file[at + i] = char(value >> (8 * i));
+  };
+  std::memcpy(file.data(), "\x7f\x45\x4c\x46\x02\x01\x01", 7); // ELF64 LSB
+  file[7] = char(osAbi);
+  put(16, type, 2);
+  put(18, machine, 2);
+  put(20, 1, 4);         // e_version
+  put(32, 64, 8);        // e_phoff
+  put(52, 64, 2);        // e_ehsize
+  put(54, 56, 2);        // e_phentsize
+  put(56, 2, 2);         // e_phnum
+  put(64, 1, 4);         // PT_LOAD
+  put(64 + 4, 4, 4);     // PF_R
+  put(64 + 32, size, 8); // p_filesz
+  put(64 + 40, size, 8); // p_memsz
+  put(64 + 48, 4096, 8); // p_align
+  put(120, 2, 4);        // PT_DYNAMIC
+  put(120 + 4, 4, 4);    // PF_R
+  put(120 + 8, dynamicAt, 8);
+  put(120 + 16, dynamicAt, 8);
+  put(120 + 32, 5 * 16, 8);
+  put(120 + 40, 5 * 16, 8);
+  put(120 + 48, 8, 8);
+  std::memcpy(file.data() + kPayloadAt, payload.data(), payload.size());
+  uint64_t entries[][2] = {
+      {6, symbolsAt}, {5, stringsAt}, {10, 1}, {4, hashAt}, {0, 0}};
+  for (int i = 0; i < 5; ++i) {
+    put(dynamicAt + 16 * i, entries[i][0], 8);
+    put(dynamicAt + 16 * i + 8, entries[i][1], 8);
+  }
+  put(hashAt, 1, 4);     // nbucket
+  put(hashAt + 4, 1, 4); // nchain: the null symbol
+  return file;
+}
+
+std::string fakeHsaco(const std::string &payload) {
+  return fakeElf(/*EM_AMDGPU=*/224, /*ET_DYN=*/3, /*ELFOSABI_AMDGPU_HSA=*/64,
+                 payload);
 }
 
 TempDir::TempDir() {

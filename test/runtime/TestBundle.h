@@ -48,9 +48,34 @@ struct KernelSpec {
 std::vector<std::tuple<std::string, int, std::string>>
 canonicalArgs(const KernelVariantKey &key);
 
-/// The JSON text of a manifest holding `kernels` in host-x86_64.so.
+/// The JSON text of a manifest holding `kernels` in host-x86_64.so. From
+/// version 2 on, the object carries `objectSha256` (by default the fake
+/// kernels' SHA-256) and the manifest is sealed (sealManifest).
 std::string manifestJson(const std::vector<KernelSpec> &kernels,
-                         int version = 1);
+                         int version = 1, const std::string &objectSha256 = "");
+
+/// The SHA-256 of `bytes` as the manifest spells it (the runtime's
+/// implementation, compiled into the tests; Sha256Test.cpp checks it).
+std::string sha256Of(const std::string &bytes);
+/// The contents of the file at `path`.
+std::string readFile(const std::string &path);
+/// The fake kernel object's bytes.
+std::string fakeKernelBytes();
+/// `text` with its `manifest_sha256` value recomputed as ce-gen computes it
+/// (the SHA-256 of the text with that value's digits as zeros).
+std::string sealManifest(std::string text);
+
+/// A PTX text that passes the runtime's checks, with `payload` (lines
+/// "symbol parameter-count" for fake_gpu_driver.c) before its one function.
+std::string fakePtx(const std::string &payload);
+/// A minimal ELF64 ET_DYN/ET_EXEC object of `machine` that passes the
+/// runtime's checks: one PT_LOAD over the file, a PT_DYNAMIC with empty
+/// symbol and string tables, and `payload` right after the program headers,
+/// where fake_gpu_driver.c reads it.
+std::string fakeElf(uint16_t machine, uint16_t type, uint8_t osAbi,
+                    const std::string &payload);
+/// fakeElf for AMDGPU (an HSA code object).
+std::string fakeHsaco(const std::string &payload);
 
 /// A temporary directory removed on destruction.
 class TempDir {

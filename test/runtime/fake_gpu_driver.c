@@ -69,6 +69,18 @@ typedef struct FakeModule {
   FakeKernel kernels[MAX_KERNELS];
 } FakeModule;
 
+/* The text of a code object: PTX is text; an HSACO (an ELF file made by
+ * fakeHsaco in TestBundle.cpp) carries it right after its program headers. */
+static const char *textOf(const void *image) {
+  const char *bytes = image;
+  if (memcmp(bytes, "\177ELF", 4) == 0) {
+    uint16_t count;
+    memcpy(&count, bytes + 56, sizeof(count)); /* e_phnum */
+    bytes += 64 + 56 * count;
+  }
+  return bytes;
+}
+
 static FakeModule *loadModule(const char *image) {
   FakeModule *module = calloc(1, sizeof(FakeModule));
   const char *line = image;
@@ -186,6 +198,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(void **context, int device) {
 EXPORT CUresult cuModuleLoadDataEx(void **module, const void *image,
                                    unsigned count, int *options,
                                    void **values) {
+  image = textOf(image);
   if (strstr(image, "bad-ptx")) {
     for (unsigned i = 0; i < count; ++i)
       if (options[i] == 5) /* CU_JIT_ERROR_LOG_BUFFER */
@@ -297,6 +310,7 @@ EXPORT hipError_t hipGetDevicePropertiesR0600(void *properties, int device) {
   return 0;
 }
 EXPORT hipError_t hipModuleLoadData(void **module, const void *image) {
+  image = textOf(image);
   if (strstr(image, "bad-ptx"))
     return 200;
   __atomic_add_fetch(&fake_gpu_state.moduleLoads, 1, __ATOMIC_RELAXED);

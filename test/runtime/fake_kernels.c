@@ -297,3 +297,11 @@ EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d) {
 EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d) {
   shard_stats(SBV_BS, a, b, c, d);
 }
+
+/* Two builds of this file differ here (CMake builds it again with
+ * CE_FAKE_KERNELS_BUILD=2): the fault tests swap the objects of two bundles,
+ * as a manifest paired with another ce-gen run's object would be. */
+#ifndef CE_FAKE_KERNELS_BUILD
+#define CE_FAKE_KERNELS_BUILD 1
+#endif
+EXPORT const int ce_fake_kernels_build = CE_FAKE_KERNELS_BUILD;

@@ -774,6 +774,12 @@ int main(int argc, char **argv) {
     if (status != 0 || emitStage != EmitStage::Bundle)
       return status;
   }
+  // The manifest records each object's SHA-256, so the objects are hashed
+  // as they lie on disk, after lld has written them.
+  if (failed(hashObjectFiles(outputPath, objects, error))) {
+    llvm::errs() << "ce-gen: error: " << error << "\n";
+    return 1;
+  }
   std::string manifest;
   llvm::raw_string_ostream os(manifest);
   writeManifest(os, objects);

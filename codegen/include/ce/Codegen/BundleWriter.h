@@ -15,9 +15,20 @@ struct BundleObject {
   std::string target;
   std::string kind;
   std::vector<KernelInfo> kernels;
+  /// The SHA-256 of the file as written, 64 lowercase hex digits
+  /// (hashObjectFiles fills it).
+  std::string sha256;
 };
 
-/// Writes manifest.json (version 1) for `objects` to `os`.
+/// Fills every object's `sha256` from its file in `directory`, as the files
+/// were written (lld writes the shared objects itself).
+LogicalResult hashObjectFiles(StringRef directory,
+                              MutableArrayRef<BundleObject> objects,
+                              std::string &error);
+
+/// Writes manifest.json (docs/bundle-format.md, version
+/// CE_RUNTIME_BUNDLE_VERSION) for `objects` to `os`: each object with its
+/// SHA-256, and the manifest sealed with its own (`manifest_sha256`).
 void writeManifest(llvm::raw_ostream &os, ArrayRef<BundleObject> objects);
 
 } // namespace mlir::ce

@@ -28,7 +28,8 @@ inline constexpr const char *kHostTarget = "host";
 class Bundle {
 public:
   /// Opens the bundle in `directory`: reads and validates manifest.json,
-  /// checks that every object file exists, dlopens the host objects and
+  /// reads every object file and checks its structure and SHA-256
+  /// (ObjectCheck.h), dlopens the host objects and
   /// resolves every host kernel's symbol. Any failure is CE_ERROR_BUNDLE with
   /// a message naming the file.
   static Status open(const std::string &directory,
@@ -57,6 +58,12 @@ public:
 
   /// The path of an object file of this bundle (`ObjectInfo::file`).
   std::string objectPath(const std::string &file) const;
+
+  /// Reads the object file `file` (an `ObjectInfo::file` of this bundle)
+  /// and checks its structure and SHA-256 again (ObjectCheck.h), so that
+  /// what a GPU driver loads is what was checked, even if the file changed
+  /// since the bundle was opened.
+  Status readObject(const std::string &file, std::string &bytes) const;
 
 private:
   Bundle() = default;

@@ -21,6 +21,9 @@ namespace ce {
 
 /// The `format` string every manifest carries.
 inline constexpr const char *kBundleFormatName = "cegen-bundle";
+/// The top-level key of the manifest's own SHA-256 (version 2), taken over
+/// the manifest's text with this key's 64 digits written as zeros.
+inline constexpr const char *kManifestSealKey = "manifest_sha256";
 /// The host kernels' ABI: one pointer to a memref descriptor per argument.
 inline constexpr const char *kMemrefDescriptorAbi =
     "memref-descriptor-pointers";
@@ -74,6 +77,9 @@ struct ObjectInfo {
   std::string file; ///< Relative to the bundle directory.
   std::string target;
   std::string kind;
+  /// The SHA-256 of the file, 64 lowercase hex digits: required from
+  /// version 2 on, optional (empty when absent) in version 1.
+  std::string sha256;
 };
 
 /// One entry of `kernels`.
