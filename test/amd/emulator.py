@@ -1,0 +1,434 @@
+"""Runs cegen's AMD kernels in tinygrad's CDNA emulator, launched by cegen's own runtime.
+
+The runtime's HIP backend (runtime/lib/HipDriver.cpp, GpuBackend.cpp) runs unchanged against
+test/amd/emulator_hip.c, a libamdhip64.so whose device is this module: ``hipModuleLoadData``
+keeps a copy of the HSACO, ``hipModuleLaunchKernel`` hands the code object, the kernel's
+name, grid, block, dynamic LDS bytes and the runtime's ``void **params`` to
+:meth:`Emulator.launch`. That does what HIP and the command processor do for a dispatch:
+
+- reads the kernel's descriptor (``SYMBOL.kd``) and its entry in the code object's metadata
+  (the AMDGPU note, msgpack);
+- packs the kernel arguments: ``params[i]`` (``.size`` bytes) at ``.offset`` for every entry of
+  the metadata's ``.args``, in a kernarg segment of ``.kernarg_segment_size`` bytes (16-byte
+  aligned), refusing hidden arguments this launcher does not fill;
+- loads the ELF's PT_LOAD segments at their virtual addresses (so PC-relative references to
+  the code object's data hold) and starts at the descriptor's entry;
+- sets the user SGPRs the descriptor enables, in the hardware's order (private segment buffer
+  (4), dispatch ptr (2), queue ptr (2), kernarg segment ptr (2), dispatch id (2), flat scratch
+  init (2), private segment size (1), then the preloaded kernel arguments) and checks that
+  their count is ``COMPUTE_PGM_RSRC2.USER_SGPR``;
+- writes the LDS size (the descriptor's static group segment plus the launch's dynamic bytes)
+  into ``COMPUTE_PGM_RSRC2.LDS_SIZE``, which is where the emulator reads it;
+- runs the grid (``run_asm``, ``cdna`` mode, wave64).
+
+What the emulator is and is not: see docs/AMD-TESTS.md (no ``s_waitcnt``/hazard model, f32
+denormals flushed, not validated against CDNA silicon).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import struct
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+HERE = Path(__file__).resolve().parent
+
+# -- msgpack (the subset the AMDGPU metadata note uses) --------------------------------------
+
+
+def unpack_msgpack(data: bytes):
+    def read(at: int):
+        b = data[at]
+        at += 1
+        if b <= 0x7F:
+            return b, at
+        if b >= 0xE0:
+            return b - 0x100, at
+        if 0x80 <= b <= 0x8F:
+            return read_map(at, b & 0x0F)
+        if 0x90 <= b <= 0x9F:
+            return read_array(at, b & 0x0F)
+        if 0xA0 <= b <= 0xBF:
+            n = b & 0x1F
+            return data[at:at + n].decode(), at + n
+        if b == 0xC0:
+            return None, at
+        if b in (0xC2, 0xC3):
+            return b == 0xC3, at
+        fixed = {0xCA: ">f", 0xCB: ">d", 0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q",
+                 0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+        if b in fixed:
+            size = struct.calcsize(fixed[b])
+            return struct.unpack_from(fixed[b], data, at)[0], at + size
+        lengths = {0xC4: ">B", 0xC5: ">H", 0xC6: ">I", 0xD9: ">B", 0xDA: ">H", 0xDB: ">I",
+                   0xDC: ">H", 0xDD: ">I", 0xDE: ">H", 0xDF: ">I"}
+        if b in lengths:
+            n = struct.unpack_from(lengths[b], data, at)[0]
+            at += struct.calcsize(lengths[b])
+            if b in (0xC4, 0xC5, 0xC6):
+                return bytes(data[at:at + n]), at + n
+            if b in (0xD9, 0xDA, 0xDB):
+                return data[at:at + n].decode(), at + n
+            return (read_array if b in (0xDC, 0xDD) else read_map)(at, n)
+        raise ValueError(f"msgpack: unsupported byte 0x{b:02x} at {at - 1}")
+
+    def read_array(at: int, n: int):
+        items = []
+        for _ in range(n):
+            item, at = read(at)
+            items.append(item)
+        return items, at
+
+    def read_map(at: int, n: int):
+        items = {}
+        for _ in range(n):
+            key, at = read(at)
+            value, at = read(at)
+            items[key] = value
+        return items, at
+
+    return read(0)[0]
+
+
+# -- the code object --------------------------------------------------------------------------
+
+#: kernel_code_properties bits and the user SGPRs each enables, in the order the hardware
+#: (the command processor) writes them from s0 up.
+USER_SGPRS = [(1 << 0, "private_segment_buffer", 4), (1 << 1, "dispatch_ptr", 2),
+              (1 << 2, "queue_ptr", 2), (1 << 3, "kernarg_segment_ptr", 2),
+              (1 << 4, "dispatch_id", 2), (1 << 5, "flat_scratch_init", 2),
+              (1 << 6, "private_segment_size", 1)]
+
+RSRC2_SCRATCH_EN = 1 << 0
+RSRC2_USER_SGPR_SHIFT, RSRC2_USER_SGPR_MASK = 1, 0x1F
+RSRC2_TG_SIZE_EN = 1 << 10
+RSRC2_LDS_SHIFT, RSRC2_LDS_MASK = 15, 0x1FF
+#: The emulator reads COMPUTE_PGM_RSRC2.LDS_SIZE in 512-byte granules.
+LDS_GRANULE = 512
+
+
+@dataclass
+class KernelDescriptor:
+    address: int  # virtual address of SYMBOL.kd in the code object
+    group_segment_fixed_size: int
+    private_segment_fixed_size: int
+    kernarg_size: int
+    entry_offset: int
+    rsrc1: int
+    rsrc2: int
+    rsrc3: int
+    code_properties: int
+    kernarg_preload: int
+
+    @staticmethod
+    def parse(address: int, raw: bytes) -> "KernelDescriptor":
+        group, private, kernarg = struct.unpack_from("<III", raw, 0)
+        (entry,) = struct.unpack_from("<q", raw, 16)
+        rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", raw, 44)
+        properties, preload = struct.unpack_from("<HH", raw, 56)
+        return KernelDescriptor(address, group, private, kernarg, entry, rsrc1, rsrc2, rsrc3,
+                                properties, preload)
+
+
+class CodeObject:
+    """An HSACO: its segments loaded into host memory, its kernels' descriptors and metadata."""
+
+    def __init__(self, image: bytes):
+        self.image = image
+        if image[:4] != b"\x7fELF" or image[4] != 2:
+            raise ValueError("not an ELF64 code object")
+        (self.machine,) = struct.unpack_from("<H", image, 0x12)
+        (self.flags,) = struct.unpack_from("<I", image, 0x30)
+        phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+        phentsize, phnum, shentsize, shnum, shstrndx = struct.unpack_from("<HHHHH", image, 0x36)
+        self.sections = []
+        for i in range(shnum):
+            name, kind, _flags, addr, offset, size, link, _info, _align, entsize = \
+                struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize)
+            self.sections.append((name, kind, addr, offset, size, link, entsize))
+        self.segments = []
+        for i in range(phnum):
+            kind, _flags, offset, vaddr, _paddr, filesz, memsz, _align = \
+                struct.unpack_from("<IIQQQQQQ", image, phoff + i * phentsize)
+            if kind == 1:  # PT_LOAD
+                self.segments.append((offset, vaddr, filesz, memsz))
+        self.symbols = self._symbols()
+        self.metadata = self._metadata()
+        self.kernels_metadata = {k[".name"]: k for k in self.metadata.get("amdhsa.kernels", [])}
+        self._memory = None
+        self.base = 0
+
+    def _symbols(self) -> Dict[str, Tuple[int, int]]:
+        symbols: Dict[str, Tuple[int, int]] = {}
+        for _name, kind, _addr, offset, size, link, entsize in self.sections:
+            if kind not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+                continue
+            strtab = self.sections[link][3]
+            for at in range(offset, offset + size, entsize or 24):
+                name_at, _info, _other, _shndx, value, sym_size = struct.unpack_from(
+                    "<IBBHQQ", self.image, at)
+                end = self.image.index(b"\0", strtab + name_at)
+                name = self.image[strtab + name_at:end].decode()
+                if name:
+                    symbols[name] = (value, sym_size)
+        return symbols
+
+    def _metadata(self) -> dict:
+        for _name, kind, _addr, offset, size, _link, _entsize in self.sections:
+            if kind != 7:  # SHT_NOTE
+                continue
+            at = offset
+            while at + 12 <= offset + size:
+                namesz, descsz, note_type = struct.unpack_from("<III", self.image, at)
+                name = self.image[at + 12:at + 12 + namesz].rstrip(b"\0")
+                desc_at = at + 12 + ((namesz + 3) & ~3)
+                if name == b"AMDGPU" and note_type == 32:  # NT_AMDGPU_METADATA
+                    return unpack_msgpack(self.image[desc_at:desc_at + descsz])
+                at = desc_at + ((descsz + 3) & ~3)
+        raise ValueError("code object has no AMDGPU metadata note")
+
+    def read_virtual(self, address: int, size: int) -> bytes:
+        for offset, vaddr, filesz, _memsz in self.segments:
+            if vaddr <= address and address + size <= vaddr + filesz:
+                return self.image[offset + address - vaddr:offset + address - vaddr + size]
+        raise ValueError(f"address 0x{address:x} is in no loaded segment")
+
+    def virtual_address(self, file_offset: int) -> int:
+        for offset, vaddr, filesz, _memsz in self.segments:
+            if offset <= file_offset < offset + filesz:
+                return vaddr + file_offset - offset
+        raise ValueError(f"file offset {file_offset} is in no loaded segment")
+
+    def descriptor(self, symbol: str) -> KernelDescriptor:
+        if symbol + ".kd" not in self.symbols:
+            raise KeyError(f"the code object has no kernel descriptor {symbol}.kd "
+                           f"(kernels: {sorted(self.kernels_metadata)})")
+        address, _ = self.symbols[symbol + ".kd"]
+        return KernelDescriptor.parse(address, self.read_virtual(address, 64))
+
+    def load(self) -> int:
+        """Maps the PT_LOAD segments into host memory once; returns the load base."""
+        if self._memory is None:
+            span = max(vaddr + memsz for _o, vaddr, _f, memsz in self.segments)
+            self._memory = ctypes.create_string_buffer(span + 4096 + 64)
+            self.base = (ctypes.addressof(self._memory) + 4095) & ~4095
+            for offset, vaddr, filesz, _memsz in self.segments:
+                ctypes.memmove(self.base + vaddr, self.image[offset:offset + filesz], filesz)
+        return self.base
+
+    def text_range(self) -> Tuple[int, int]:
+        """The .text section's (file offset, size)."""
+        shstr = self.sections[struct.unpack_from("<H", self.image, 0x3E)[0]][3]
+        for name, _kind, _addr, offset, size, _link, _entsize in self.sections:
+            end = self.image.index(b"\0", shstr + name)
+            if self.image[shstr + name:end] == b".text":
+                return offset, size
+        raise ValueError("no .text section")
+
+
+# -- the launcher -----------------------------------------------------------------------------
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class LaunchRecord:
+    symbol: str
+    grid: Tuple[int, int, int]
+    block: Tuple[int, int, int]
+    device: int
+    lds_bytes: int  # static + dynamic, as handed to the emulator
+    user_sgprs: List[str]
+    kernarg_bytes: int
+    seconds: float
+
+
+HOOK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p,
+                             ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                             ctypes.c_uint32, ctypes.POINTER(ctypes.c_void_p))
+
+
+def build_fake_hip(out_dir: Path) -> Path:
+    """Compiles emulator_hip.c into OUT_DIR/libamdhip64.so."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    library = out_dir / "libamdhip64.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
+                    "-fvisibility=hidden", "-Wl,-soname,libamdhip64.so", "-o", str(library),
+                    str(HERE / "emulator_hip.c")], check=True)
+    return library
+
+
+class Emulator:
+    """tinygrad's CDNA emulator behind emulator_hip.c's launch hook."""
+
+    def __init__(self, tinygrad: Path, fake_hip: Path, log: Callable[[str], None] = print):
+        self.tinygrad = Path(tinygrad).resolve()
+        if not (self.tinygrad / "test/mockgpu/amd/emu.py").is_file():
+            raise FileNotFoundError(f"{self.tinygrad} has no test/mockgpu/amd/emu.py")
+        sys.path.insert(0, str(self.tinygrad))
+        import test.mockgpu.amd.emu as emu  # noqa: E402  (tinygrad's, from its checkout)
+
+        self.emu = emu
+        self.log = log
+        # Loaded before libce_runtime: its dlopen("libamdhip64.so") matches this soname.
+        self.hip = ctypes.CDLL(str(fake_hip), mode=ctypes.RTLD_GLOBAL)
+        self.hip.emulator_hip_add_device.argtypes = [ctypes.c_char_p]
+        self.hip.emulator_hip_launches.restype = ctypes.c_int64
+        self._hook = HOOK_TYPE(self._launch_hook)  # kept alive as long as the emulator
+        self.hip.emulator_hip_set_launch_hook(self._hook)
+        self.code_objects: Dict[str, CodeObject] = {}
+        self.launches: List[LaunchRecord] = []
+        self.last_error: Optional[str] = None
+        #: (sha256 of a code object, file offset, new bytes): while set, launches from that
+        #: object run a copy with those bytes replaced (the mutation check).
+        self.mutation: Optional[Tuple[str, int, bytes]] = None
+        self.mutation_executed = False
+        self._mutated_key = ""
+
+    def add_device(self, arch: str) -> int:
+        """A HIP device of gcnArchName `arch` ("gfx942:sramecc+:xnack-"); its index. All
+        devices are added before the runtime's first HIP call (hipGetDeviceCount)."""
+        index = self.hip.emulator_hip_add_device(arch.encode())
+        if index < 0:
+            raise RuntimeError("too many emulated devices")
+        return index
+
+    def _code_object(self, image: bytes) -> CodeObject:
+        digest = hashlib.sha256(image).hexdigest()
+        if self.mutation and self.mutation[0] == digest:
+            offset, patch = self.mutation[1], self.mutation[2]
+            image = image[:offset] + patch + image[offset + len(patch):]
+            digest += f"+{patch.hex()}@{offset}"
+            self._mutated_key = digest
+        if digest not in self.code_objects:
+            self.code_objects[digest] = CodeObject(image)
+        return self.code_objects[digest]
+
+    def _launch_hook(self, image, image_bytes, symbol, grid, block, shared, params) -> int:
+        try:
+            self.launch(ctypes.string_at(image, image_bytes), symbol.decode(),
+                        (grid[0], grid[1], grid[2]), (block[0], block[1], block[2]), shared,
+                        params)
+            return 0
+        except Exception as error:  # noqa: BLE001 - reported through the runtime's error
+            self.last_error = f"{type(error).__name__}: {error}"
+            self.log(f"    emulator: {self.last_error}")
+            if not isinstance(error, LaunchError):
+                self.log(traceback.format_exc()[-1500:])
+            return 719  # hipErrorLaunchFailure
+
+    def launch(self, image: bytes, symbol: str, grid: Tuple[int, int, int],
+               block: Tuple[int, int, int], dynamic_lds: int, params) -> None:
+        started = time.time()
+        co = self._code_object(image)
+        kd = co.descriptor(symbol)
+        meta = co.kernels_metadata.get(symbol)
+        if meta is None:
+            raise LaunchError(f"no metadata for kernel {symbol}")
+        if meta.get(".wavefront_size", 64) != 64 or kd.code_properties & (1 << 10):
+            raise LaunchError(f"{symbol} is not a wave64 kernel")
+
+        # The kernarg segment, packed from the runtime's params by the metadata (as HIP does).
+        size = meta[".kernarg_segment_size"]
+        if size != kd.kernarg_size:
+            raise LaunchError(f"metadata kernarg size {size} != descriptor's {kd.kernarg_size}")
+        kernarg = ctypes.create_string_buffer(size + 16)
+        kernarg_at = (ctypes.addressof(kernarg) + 15) & ~15
+        for index, arg in enumerate(meta.get(".args", [])):
+            kind = arg[".value_kind"]
+            if kind.startswith("hidden_"):
+                raise LaunchError(f"{symbol} takes hidden argument {kind}, not filled here")
+            if not params[index]:
+                raise LaunchError(f"the runtime passed no parameter {index} ({kind}, offset "
+                                  f"{arg['.offset']}); the kernel takes "
+                                  f"{len(meta['.args'])}")
+            ctypes.memmove(kernarg_at + arg[".offset"], params[index], arg[".size"])
+        self._kernarg = kernarg  # alive until the next launch
+
+        # User SGPRs, in the hardware's order.
+        user_data: List[int] = []
+        names: List[str] = []
+        dispatch = ctypes.create_string_buffer(64 + 64)
+        for bit, name, count in USER_SGPRS:
+            if not kd.code_properties & bit:
+                continue
+            names.append(name)
+            if name == "kernarg_segment_ptr":
+                value = kernarg_at
+            elif name == "dispatch_ptr":
+                value = self._dispatch_packet(dispatch, grid, block, kd, dynamic_lds, kernarg_at)
+            elif name == "private_segment_buffer":
+                if kd.private_segment_fixed_size:
+                    raise LaunchError(f"{symbol} uses {kd.private_segment_fixed_size} bytes of "
+                                      "scratch through the private segment buffer, not set up")
+                value = 0  # a null buffer resource: no scratch is used
+            elif name in ("queue_ptr", "flat_scratch_init") and kd.private_segment_fixed_size:
+                raise LaunchError(f"{symbol} enables {name} and uses scratch; not set up")
+            else:
+                value = kd.private_segment_fixed_size if name == "private_segment_size" else 0
+            for i in range(count):
+                user_data.append((value >> (32 * i)) & 0xFFFFFFFF)
+        preload_dwords, preload_offset = kd.kernarg_preload & 0x7F, kd.kernarg_preload >> 7
+        if preload_dwords:
+            names.append(f"kernarg_preload[{preload_dwords}]")
+            raw = ctypes.string_at(kernarg_at + 4 * preload_offset, 4 * preload_dwords)
+            user_data += list(struct.unpack(f"<{preload_dwords}I", raw))
+        rsrc2 = kd.rsrc2
+        declared = (rsrc2 >> RSRC2_USER_SGPR_SHIFT) & RSRC2_USER_SGPR_MASK
+        if declared != len(user_data):
+            raise LaunchError(f"{symbol}: COMPUTE_PGM_RSRC2.USER_SGPR is {declared}, the enabled "
+                              f"user SGPRs {names} make {len(user_data)}")
+        if rsrc2 & RSRC2_TG_SIZE_EN:
+            raise LaunchError(f"{symbol} enables the workgroup-info SGPR, not set by the emulator")
+        if rsrc2 & RSRC2_SCRATCH_EN or kd.private_segment_fixed_size:
+            raise LaunchError(f"{symbol} uses scratch ({kd.private_segment_fixed_size} bytes)")
+        lds = kd.group_segment_fixed_size + dynamic_lds
+        granules = (lds + LDS_GRANULE - 1) // LDS_GRANULE
+        if granules > RSRC2_LDS_MASK:
+            raise LaunchError(f"{symbol}: {lds} bytes of LDS do not fit COMPUTE_PGM_RSRC2")
+        rsrc2 = (rsrc2 & ~(RSRC2_LDS_MASK << RSRC2_LDS_SHIFT)) | (granules << RSRC2_LDS_SHIFT)
+
+        base = co.load()
+        entry = base + kd.address + kd.entry_offset
+        code_end = base + max(v + m for _o, v, _f, m in co.segments)
+        decode = self.emu._decode_at
+        if self.mutation and co is self.code_objects.get(self._mutated_key):
+            # Record whether the changed bytes were decoded (run) in this launch.
+            target = base + co.virtual_address(self.mutation[1])
+
+            def watching(pc: int, arch: str):
+                runner, inst = decode(pc, arch)
+                if pc <= target < pc + inst.size():
+                    self.mutation_executed = True
+                return runner, inst
+
+            self.emu._decode_at = watching
+        try:
+            self.emu.run_asm(entry, code_end - entry, grid[0], grid[1], grid[2], block[0],
+                             block[1], block[2], kernarg_at, rsrc2, 0, "cdna", user_data)
+        finally:
+            self.emu._decode_at = decode
+        device = self.hip.emulator_hip_current_device()
+        self.launches.append(LaunchRecord(symbol, grid, block, device, lds, names, size,
+                                          time.time() - started))
+
+    @staticmethod
+    def _dispatch_packet(buffer, grid, block, kd: KernelDescriptor, dynamic_lds: int,
+                         kernarg_at: int) -> int:
+        """An hsa_kernel_dispatch_packet_t for the launch (grid sizes in work-items)."""
+        at = (ctypes.addressof(buffer) + 63) & ~63
+        packet = struct.pack("<HHHHHHIIIIIQQQ", 2, 1, block[0], block[1], block[2], 0,
+                             grid[0] * block[0], grid[1] * block[1], grid[2] * block[2],
+                             kd.private_segment_fixed_size,
+                             kd.group_segment_fixed_size + dynamic_lds, 0, kernarg_at, 0)
+        ctypes.memmove(at, packet, len(packet))
+        return at

@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""cegen's AMD kernels executed in tinygrad's CDNA emulator against the float64 reference.
+
+No AMD GPU is reachable; this runs the gfx942, gfx950 and gfx90a HSACO that ce-gen emits,
+launched through cegen's own runtime (libce_runtime's HIP backend: its argument packing, grid,
+block and LDS bytes) against test/amd/emulator_hip.c, a libamdhip64.so whose launches run in
+tinygrad's mock AMD GPU (test/amd/emulator.py). The numerics are test/gpu/test_h200.py's:
+its Problem (inputs, views, special rows, Megatron labels), its float64 reference and
+tolerances, its run_case and bad-label checks, on its CASES as they are (``--case-set h200``)
+or at smaller shapes (``small``), plus a case of rows whose probabilities are f32 subnormals.
+Run from the repository root with Debian's python3 (it has torch)::
+
+    /usr/bin/python3 test/amd/run_emulated.py --tinygrad /path/to/tinygrad \\
+        [--targets gfx942,gfx950,gfx90a] [--set full|smoke] [--case-set h200|small] \\
+        [--filter TEXT] [--mutate]
+
+tinygrad is never part of this repository: pass a checkout of tinygrad/tinygrad (its
+``test/mockgpu/amd/emu.py``); without one the script prints SKIP and exits 0. Bundles are made
+with ``ce-gen --target=CHIP`` into ``--work`` (default .dev/amd, git-ignored). Results go to
+WORK/results-SET-CHIPS.json and WORK/log-SET-CHIPS.txt; docs/AMD-TESTS.md has a run's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "test" / "gpu"))
+sys.path.insert(0, str(REPO / "test" / "amd"))
+
+#: gcnArchName of each chip's device, as the runtime reads it (the suffix is dropped).
+CHIPS = {"gfx942": "gfx942:sramecc+:xnack-", "gfx950": "gfx950:sramecc+:xnack-",
+         "gfx90a": "gfx90a:sramecc+:xnack-"}
+
+
+def log(message: str = "") -> None:
+    print(message, flush=True)
+    LOG.append(message)
+
+
+LOG: List[str] = []
+
+# -- bundles ----------------------------------------------------------------------------------
+
+#: name -> ce-gen options (with --target and -o added). "full" is test/gpu/prepare_device_run.sh's
+#: three bundles for the H200 (test/runtime/CMakeLists.txt's numerics bundles): every op, dtype,
+#: label dtype and layout; ignore_index none/-100 x smoothing 0/0.1 x z-loss 0/1e-4; overwrite
+#: with scalar and token weights. "smoke" is a few of them (ctest).
+BUNDLE_SETS = {
+    "full": {
+        "dtypes": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i32,i64",
+                   "--layout=flat,sbv_bs,sbv_sb", "--ignore-index=-100", "--label-smoothing=0",
+                   "--z-loss=0", "--overwrite=0", "--weights=token"],
+        "options": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
+                    "--layout=sbv_bs", "--ignore-index=none,-100", "--label-smoothing=0,0.1",
+                    "--z-loss=0,1e-4", "--overwrite=0", "--weights=scalar"],
+        "overwrite": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
+                      "--layout=flat,sbv_sb", "--ignore-index=-100", "--label-smoothing=0.1",
+                      "--z-loss=1e-4", "--overwrite=1", "--weights=scalar,token"],
+    },
+    "smoke": {
+        "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",
+                  "--layout=sbv_bs", "--ignore-index=-100", "--label-smoothing=0.1",
+                  "--z-loss=1e-4", "--overwrite=0", "--weights=token"],
+    },
+}
+
+
+def make_bundles(ce_gen: Path, work: Path, chip: str, set_name: str) -> List[Path]:
+    directories = []
+    for name, options in BUNDLE_SETS[set_name].items():
+        out = work / "bundles" / set_name / chip / name
+        # Regenerated when the command or the ce-gen binary changes.
+        stamp = out / ".ce-gen-command"
+        command = [str(ce_gen), f"--target={chip}", "-o", str(out)] + options
+        info = ce_gen.stat()
+        text = " ".join(command) + f"\n{info.st_size} {info.st_mtime_ns}\n"
+        if not (stamp.is_file() and stamp.read_text() == text
+                and (out / "manifest.json").is_file()):
+            subprocess.run(command, check=True)
+            stamp.write_text(text)
+        directories.append(out)
+    return directories
+
+
+# -- cases ------------------------------------------------------------------------------------
+
+
+def emulator_cases(h200) -> list:
+    """test_h200.CASES at smaller shapes (same flags, fewer tokens, V up to 32000 once), the
+    last one a case of its own: rows whose probabilities are f32 subnormals."""
+    Case = h200.Case
+    return [
+        Case("empty", 0, 0, 3, 7, False, False, False, False),
+        Case("vocab1", 1, 1, 1, 1, False, False, False, False),
+        Case("vocab2", 9, 3, 3, 2, False, False, False, False),
+        Case("views-vocab7", 15, 5, 3, 7, True, True, True, False),
+        Case("vocab4095", 8, 2, 4, 4095, False, True, False, False),
+        Case("views-vocab32000", 1, 1, 1, 32000, True, True, True, False),
+        Case("special-vocab1500", 7, 7, 1, 1500, False, True, False, False),
+        Case("all-ignored", 4, 2, 2, 7, True, False, False, True),
+        Case("megatron-labels-vocab7", 15, 5, 3, 7, True, True, True, False, True),
+        Case("megatron-labels-vocab600", 12, 3, 4, 600, False, True, False, False, True),
+        Case(SUBNORMAL_CASE, 4, 2, 2, 300, False, False, False, False),
+    ]
+
+
+#: Rows x_j = -j * 0.35 (j < V = 300): p_j = exp(x_j - lse) falls below 2^-126 from j ~ 250
+#: on, so the exact gradient has f32 subnormals, which CDNA keeps (our kernels run with f32
+#: denormals on) and the emulator flushes to 0 (it runs with DAZ+FTZ).
+SUBNORMAL_CASE = "subnormal-probabilities"
+F32_MIN_NORMAL = 2.0 ** -126
+
+
+@dataclass
+class Worst:
+    """The largest error of each kind, as a fraction of its tolerance, and where."""
+    values: Dict[str, tuple] = field(default_factory=dict)
+
+    def note(self, what: str, ratio: float, where: str) -> None:
+        if math.isnan(ratio):
+            ratio = math.inf
+        if ratio > self.values.get(what, (-1.0, ""))[0]:
+            self.values[what] = (ratio, where)
+
+
+class Instrumented:
+    """Wraps test_h200's checks: records the worst error per kind and chip, and separates
+    the subnormal case's flushed elements (a documented difference) from failures."""
+
+    def __init__(self, h200, torch):
+        self.h200, self.torch = h200, torch
+        self.original_values = h200.check_token_values
+        self.original_grad = h200.check_grad
+        self.original_problem = h200.Problem
+        self.worst = Worst()
+        self.flushed: Dict[str, int] = {}
+        self.chip = ""
+        #: Off during the mutation check, whose failures are the point.
+        self.recording = True
+        h200.check_token_values = self.check_token_values
+        h200.check_grad = self.check_grad
+        outer = self
+
+        class Problem(h200.Problem):
+            def __init__(self, key, case, device, gen):
+                super().__init__(key, case, device, gen)
+                if case.name == SUBNORMAL_CASE:
+                    j = outer.torch.arange(self.vocab, dtype=outer.torch.float64)
+                    self.x[:] = self.round(-0.35 * j)[None, :]
+
+        h200.Problem = Problem
+
+    def check_token_values(self, report, p, what, kernel, ref, exact_zero, case):
+        torch = self.torch
+        k = kernel.to(torch.float64).cpu()
+        finite = torch.isfinite(ref) & torch.isfinite(k) & ~exact_zero
+        if finite.any() and self.recording:
+            ratio = ((k - ref).abs() / (1e-5 * ref.abs().clamp(min=1.0)))[finite]
+            at = int(ratio.argmax())
+            self.worst.note(f"{self.chip} {what} (rel err / 1e-5)", float(ratio[at]),
+                            f"{p.key.text} {case}")
+        self.original_values(report, p, what, kernel, ref, exact_zero, case)
+
+    def check_grad(self, report, p, kernel_rows, ref, term, case):
+        torch = self.torch
+        if ref.numel() and self.recording:
+            k = kernel_rows.to(torch.float64).cpu()
+            if case == SUBNORMAL_CASE:
+                # Elements whose exact probability exp(x_j - lse) or exact gradient is an
+                # f32 subnormal and that the emulator returned as 0 are counted apart (the
+                # hardware keeps the subnormal, the emulator flushes it), then compared as
+                # the kernel's 0.
+                lse = self.h200.reference_stats(p.x).lse
+                prob = torch.exp(p.x - lse[:, None])
+                tiny = ((prob < F32_MIN_NORMAL) & (prob > 0)) | (ref.abs() < F32_MIN_NORMAL)
+                # Only those that would fail: an f16 output rounds such values to 0 anyway.
+                outside = (k - ref).abs() > self.h200.grad_tolerance(p.key.logits, ref, term)
+                sub = tiny & (k == 0) & (ref != 0) & outside
+                self.flushed[self.chip] = self.flushed.get(self.chip, 0) + int(sub.sum())
+                ref = torch.where(sub, k, ref)
+                term = torch.where(sub, torch.zeros_like(term), term)
+            tolerance = self.h200.grad_tolerance(p.key.logits, ref, term)
+            error = (k - ref).abs()
+            ratio = torch.where(error == 0, torch.zeros_like(error), error / tolerance)
+            ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
+            at = int(ratio.argmax())
+            self.worst.note(f"{self.chip} grad (err / tolerance), {p.key.logits}",
+                            float(ratio.flatten()[at]), f"{p.key.text} {case}")
+        self.original_grad(report, p, kernel_rows, ref, term, case)
+
+
+# -- the harness: test_h200's, on emulated HIP devices ------------------------------------------
+
+
+def make_harness(h200, runtime: str, bundle_dirs: List[Path], chip: str, index: int):
+    import torch
+    from cegen import _runtime
+
+    class EmulatedHarness(h200.Harness):
+        """test_h200's Harness with CPU tensors (host memory is the emulated device's) on HIP
+        device `index`, whose gcnArchName is `chip`'s."""
+
+        def __init__(self):
+            super().__init__(runtime, [], torch.device("cpu"))
+            self.target = chip
+            self.bundles = [self.rt.open_bundle(d.resolve()) for d in bundle_dirs]
+            self.kernels = {}
+            for bundle in self.bundles:
+                for key, target in bundle.kernels():
+                    if target == chip:
+                        self.kernels.setdefault(key, bundle)
+            self.device_type = _runtime.Device.HIP
+            self.index = index
+
+    return EmulatedHarness()
+
+
+def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
+             filter_text: str, bad_labels: bool, results: Dict) -> None:
+    report = h200.Report()
+    instrumented.chip = chip
+    keys = sorted(k for k in harness.kernels if filter_text in k)
+    started = time.time()
+    launches_before = len(emulator.launches)
+    log(f"{chip}: {len(keys)} kernels x {len(cases)} cases"
+        f"{' + 4 bad-label cases' if bad_labels else ''}")
+    for index, text in enumerate(keys):
+        key = h200.Key.parse(text)
+        before = report.failures
+        t0 = time.time()
+        for case in cases:
+            if case.all_ignored and key.ignore_index is None:
+                continue
+            gen = h200.torch.Generator().manual_seed(h200.mix(seed, text + "/" + case.name))
+            h200.run_case(harness, report, key, case, gen)
+        if bad_labels:
+            bad_cases = [(8, 7), (0, -1), (4, (1 << 40) if key.labels == "i64" else 12345),
+                         (5, key.ignore_index + 1 if key.ignore_index is not None else 99)]
+            for token, label in bad_cases:
+                name = text + f"/bad-label-{label}"
+                gen = h200.torch.Generator().manual_seed(h200.mix(seed, name))
+                h200.run_bad_label(harness, report, key, token, label, gen)
+        failed = report.failures - before
+        log(f"  [{'FAIL' if failed else ' ok '}] {index + 1}/{len(keys)} {text} "
+            f"({time.time() - t0:.1f} s)")
+    launches = emulator.launches[launches_before:]
+    results[chip] = {
+        "kernels": len(keys), "checks": report.checks, "failures": report.failures,
+        "failed_kernels": sorted(report.failed_kernels)[:50], "launches": len(launches),
+        "subnormal_elements_flushed": instrumented.flushed.get(chip, 0),
+        "user_sgprs": sorted({" ".join(r.user_sgprs) for r in launches}),
+        "lds_bytes": sorted({r.lds_bytes for r in launches}),
+        "seconds": round(time.time() - started, 1), "pass": report.failures == 0 and bool(keys),
+    }
+    log(f"{chip}: {len(keys)} kernels, {len(launches)} launches, {report.checks} checks, "
+        f"{report.failures} failures, {instrumented.flushed.get(chip, 0)} subnormal gradient "
+        f"elements flushed by the emulator, {time.time() - started:.0f} s")
+
+
+# -- the mutation check -----------------------------------------------------------------------
+
+
+def find_instruction(emulator, co, symbol: str, want, last: bool = False):
+    """(file offset, decoded instruction) of the first (or last) instruction of the function
+    `symbol` for which `want(op name, its bytes)` holds, decoding from its entry to its end
+    with tinygrad's decoder (the one the emulator runs)."""
+    from tinygrad.renderer.amd import decode_inst
+
+    address, size = co.symbols[symbol]
+    offset = next(o + address - v for o, v, f, _m in co.segments if v <= address < v + f)
+    end, found = offset + size, None
+    while offset < end:
+        inst = decode_inst(co.image[offset:offset + 16], "cdna")
+        if want(emulator.emu._op_name(inst), co.image[offset:offset + inst.size()]):
+            found = (offset, inst)
+            if not last:
+                break
+        offset += inst.size()
+    if found is None:
+        raise LookupError(f"no matching instruction in {symbol}")
+    return found
+
+
+def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict) -> None:
+    """Runs a forward kernel with one instruction, then one constant, of its code changed
+    (in the code object the emulator maps, after hipModuleLoadData) and shows the loss wrong;
+    then the unchanged kernel on the same inputs."""
+    import hashlib
+    import struct
+
+    from tinygrad.renderer.amd import decode_inst
+
+    texts = sorted(k for k in harness.kernels if k.startswith("op=forward,logits=f32,"))
+    # The plainest one: no smoothing, no z-loss, when the bundles have it.
+    text = next((k for k in texts if "label_smoothing=0,z_loss=0," in k),
+                texts[0] if texts else None)
+    if text is None:
+        log("mutation: no f32 forward kernel in the bundles")
+        return
+    bundle = harness.kernels[text]
+    manifest = json.loads((Path(bundle.path) / "manifest.json").read_text())
+    kernel = next(k for k in manifest["kernels"] if k["key"] == text and k["target"] == chip)
+    image = (Path(bundle.path) / kernel["object"]).read_bytes()
+    co = emulator._code_object(image)
+    symbol = kernel["symbol"]
+    digest = hashlib.sha256(image).hexdigest()
+
+    mutations = []
+
+    def vop2(name: str, new_op: int, last: bool):
+        """The first (last) VOP2 `name` with its opcode (bits 30:25) replaced by `new_op`."""
+        at, inst = find_instruction(emulator, co, symbol, lambda op, raw: op == name, last)
+        word = struct.unpack_from("<I", image, at)[0]
+        patch = struct.pack("<I", (word & ~(0x3F << 25)) | (new_op << 25))
+        return ("instruction", at, patch, repr(inst),
+                repr(decode_inst(patch + co.image[at + 4:at + 16], "cdna")))
+
+    # One instruction: the kernel's last v_add_f32 (VOP2 op 1), lse = max + log(sum) in the
+    # epilogue, becomes v_sub_f32 (op 2).
+    mutations.append(vop2("V_ADD_F32_E32", 0x02, last=True))
+    # One constant: the literal ln(2) (high part, 0x3f317200) of the epilogue's log, which
+    # scales the exponent of the sum, becomes 0.75.
+    lit = struct.pack("<I", 0x3F317200)
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: len(raw) == 8 and raw[4:] == lit, last=True)
+    patch = struct.pack("<I", 0x3F400000)
+    mutations.append(("constant", at + 4, patch, repr(inst),
+                      repr(decode_inst(co.image[at:at + 4] + patch + b"\0" * 8, "cdna"))))
+    # A control that the arithmetic tolerates: the first v_max_f32 (op 11) becomes v_min_f32
+    # (op 10); it only lowers the shift that the exponentials are taken against. (gfx950's
+    # forward kernels have no v_max_f32_e32.)
+    try:
+        mutations.append(vop2("V_MAX_F32_E32", 0x0A, last=False))
+    except LookupError:
+        log(f"mutation ({chip}): {symbol} has no v_max_f32_e32; no control mutation")
+    # Rows long enough for the main (unrolled) loop, and a short one for the tail code.
+    cases = [c for c in h200.CASES if c.name in ("views-vocab7", "views-vocab32000",
+                                                   "vocab50257")]
+    key = h200.Key.parse(text)
+    outcome = []
+    for kind, at, patch, before, after in mutations:
+        # Every launch hands the hook the runtime's copy of the object; the hook maps the
+        # patched bytes (a CodeObject of their own) while the mutation is set.
+        emulator.mutation = (digest, at, patch)
+        emulator.mutation_executed = False
+        report = h200.Report()
+        for c in cases:
+            gen = h200.torch.Generator().manual_seed(h200.mix(seed, "mutation/" + c.name))
+            h200.run_case(harness, report, key, c, gen)
+        emulator.mutation = None
+        executed = emulator.mutation_executed
+        outcome.append({"kind": kind, "file_offset": at, "before": before, "after": after,
+                        "executed": executed, "checks": report.checks,
+                        "failures": report.failures})
+        log(f"mutation ({chip}, {symbol}, {kind} at byte {at}): {before} -> {after}: "
+            f"{'executed' if executed else 'NOT EXECUTED'}, {report.failures} of "
+            f"{report.checks} checks fail{'' if report.failures else ' (not detected)'}")
+    # The unmutated kernel again, on the same inputs: it passes.
+    report = h200.Report()
+    for c in cases:
+        gen = h200.torch.Generator().manual_seed(h200.mix(seed, "mutation/" + c.name))
+        h200.run_case(harness, report, key, c, gen)
+    log(f"mutation ({chip}): unmutated on the same inputs: {report.failures} of "
+        f"{report.checks} checks fail")
+    results.setdefault("mutation", {})[chip] = {"kernel": text, "mutations": outcome,
+                                                "unmutated_failures": report.failures}
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tinygrad", default=os.environ.get("CE_TINYGRAD"),
+                        help="a tinygrad/tinygrad checkout (or $CE_TINYGRAD)")
+    parser.add_argument("--runtime", default=None,
+                        help="libce_runtime.so (default: build/lib, else .dev/lib)")
+    parser.add_argument("--ce-gen", default=str(REPO / "build" / "bin" / "ce-gen"))
+    parser.add_argument("--work", default=str(REPO / ".dev" / "amd"),
+                        help="bundles, the fake HIP library and results (git-ignored)")
+    parser.add_argument("--targets", default="gfx942,gfx950,gfx90a")
+    parser.add_argument("--set", default="full", choices=sorted(BUNDLE_SETS))
+    parser.add_argument("--case-set", default="h200", choices=["h200", "small"],
+                        help="h200: test_h200.CASES as they are (V up to 128256); small: "
+                             "the same kinds of case at smaller shapes")
+    parser.add_argument("--cases", default="", help="comma-separated case names (default all)")
+    parser.add_argument("--filter", default="", help="only kernels whose key contains this")
+    parser.add_argument("--no-bad-labels", action="store_true")
+    parser.add_argument("--mutate", action="store_true", help="run the mutation check")
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args()
+
+    tinygrad_path = args.tinygrad or os.environ.get("CE_TINYGRAD")
+    tinygrad = Path(tinygrad_path) if tinygrad_path else None
+    if tinygrad is None or not (tinygrad / "test" / "mockgpu" / "amd" / "emu.py").is_file():
+        print(f"SKIP: no tinygrad checkout with test/mockgpu/amd/emu.py "
+              f"({'--tinygrad not given' if tinygrad is None else tinygrad}); "
+              "fetch tinygrad/tinygrad and pass --tinygrad PATH")
+        return 0
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print(f"SKIP: {sys.executable} has no torch (use Debian's /usr/bin/python3)")
+        return 0
+    import test_h200 as h200
+
+    from emulator import Emulator, build_fake_hip
+
+    runtime = args.runtime
+    if runtime is None:
+        for candidate in (REPO / "build" / "lib" / "libce_runtime.so",
+                          REPO / ".dev" / "lib" / "libce_runtime.so"):
+            if candidate.exists() and candidate.resolve().is_file():
+                runtime = str(candidate)
+                break
+    if runtime is None:
+        print("FAIL: no libce_runtime.so; build it or pass --runtime")
+        return 1
+    work = Path(args.work)
+    seed = args.seed if args.seed is not None else int(time.time() * 1000) % (2 ** 31)
+    commit = subprocess.run(["git", "-C", str(tinygrad), "rev-parse", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    log(f"run_emulated: seed {seed}, tinygrad {tinygrad} ({commit}), runtime {runtime}, "
+        f"set {args.set}")
+
+    emulator = Emulator(tinygrad, build_fake_hip(work / "hip"), log)
+    chips = [c for c in args.targets.split(",") if c]
+    indices = {chip: emulator.add_device(CHIPS[chip]) for chip in chips}
+    instrumented = Instrumented(h200, h200.torch)
+    cases = emulator_cases(h200) if args.case_set == "small" else \
+        list(h200.CASES) + [emulator_cases(h200)[-1]]
+    if args.cases:
+        wanted = args.cases.split(",")
+        cases = [c for c in cases if c.name in wanted]
+    results: Dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed,
+                     "tinygrad": commit, "command": " ".join(sys.argv), "set": args.set,
+                     "cases": [c.name for c in cases]}
+    for chip in chips:
+        bundles = make_bundles(Path(args.ce_gen), work, chip, args.set)
+        harness = make_harness(h200, runtime, bundles, chip, indices[chip])
+        run_chip(h200, emulator, instrumented, harness, chip, cases, seed, args.filter,
+                 not args.no_bad_labels, results)
+        if args.mutate:
+            instrumented.recording = False
+            mutation_check(h200, emulator, harness, chip, seed, results)
+            instrumented.recording = True
+        results["worst"] = {k: [round(v[0], 4), v[1]] for k, v in instrumented.worst.values.items()}
+        (work / f"results-{args.set}-{'-'.join(chips)}.json").write_text(
+            json.dumps(results, indent=1))
+    log("")
+    log("worst errors (as a fraction of the tolerance; < 1 passes):")
+    for what, (ratio, where) in sorted(instrumented.worst.values.items()):
+        log(f"  {what}: {ratio:.3g} at {where}")
+    ok = all(results[c]["pass"] for c in chips)
+    for chip in chips:
+        r = results[chip]
+        log(f"{chip:<7} {'pass' if r['pass'] else 'FAIL'} {r['kernels']} kernels, "
+            f"{r['launches']} launches, {r['checks']} checks, {r['failures']} failures, "
+            f"{r['subnormal_elements_flushed']} flushed subnormals, {r['seconds']} s")
+    (work / f"log-{args.set}-{'-'.join(chips)}.txt").write_text("\n".join(LOG) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
