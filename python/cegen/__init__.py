@@ -79,6 +79,6 @@ __all__ = [
 
 def open_bundle(directory: str) -> Bundle:
     """Opens a bundle made by ``ce-gen`` (to pass as ``bundle=`` or list its variants)."""
-    from pathlib import Path
+    from . import _validate
 
-    return get_runtime().open_bundle(Path(directory).expanduser())
+    return get_runtime().open_bundle(_validate.path("directory", directory).expanduser())

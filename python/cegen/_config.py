@@ -10,9 +10,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from . import _validate
+from ._errors import InvalidInputError
 
 __all__ = [
     "Config",
@@ -62,7 +66,11 @@ class Config:
         ce_gen: an explicit ``ce-gen`` executable.
         run_ce_gen: whether a cache miss may run ``ce-gen``; when False a variant that no
             bundle holds is an error.
-        ce_gen_timeout_s: how long one ``ce-gen`` run may take.
+        ce_gen_timeout_s: how long one ``ce-gen`` run may take, in seconds (> 0).
+        cache_max_bytes: the size limit of ``cache_dir`` in bytes, or None for no limit.
+            After each ``ce-gen`` run the cache removes entries that no process has open,
+            least recently used first, until it fits (docs/megatron.md, "The kernel
+            cache"). Default 4 GiB.
     """
 
     cache_dir: Path = dataclasses.field(default_factory=lambda: Path("~/.cache/cegen"))
@@ -72,6 +80,7 @@ class Config:
     ce_gen: Optional[Path] = None
     run_ce_gen: bool = True
     ce_gen_timeout_s: float = 900.0
+    cache_max_bytes: Optional[int] = 4 * 2 ** 30
 
     def resolved_cache_dir(self) -> Path:
         """``cache_dir`` with ``~`` expanded."""
@@ -112,15 +121,7 @@ def configure(**changes: Any) -> Config:
     unknown = sorted(set(changes) - fields)
     if unknown:
         raise TypeError(f"configure(): unknown setting(s) {unknown}; known: {sorted(fields)}")
-    normalized = {}
-    for name, value in changes.items():
-        if name == "bundle_dirs":
-            if isinstance(value, (str, os.PathLike)):
-                value = [value]
-            value = tuple(Path(v) for v in value)
-        elif name in ("cache_dir", "build_dir", "runtime_library", "ce_gen") and value is not None:
-            value = Path(value)
-        normalized[name] = value
+    normalized = {name: _checked_setting(name, value) for name, value in changes.items()}
     with _lock:
         old = _config
         _config = dataclasses.replace(old, **normalized)
@@ -128,6 +129,30 @@ def configure(**changes: Any) -> Config:
     for listener in list(_listeners):
         listener(old, new)
     return new
+
+
+def _checked_setting(name: str, value: Any) -> Any:
+    """A setting's value checked by cegen._validate and normalized (paths as Path)."""
+    if name == "bundle_dirs":
+        if isinstance(value, (str, os.PathLike)):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise InvalidInputError(
+                f"bundle_dirs must be a path or a list of paths, got {value!r}")
+        return tuple(_validate.path(f"bundle_dirs[{index}]", item)
+                     for index, item in enumerate(value))
+    if name == "cache_dir":
+        return _validate.path(name, value)
+    if name in ("build_dir", "runtime_library", "ce_gen"):
+        return _validate.path(name, value, allow_none=True)
+    if name == "run_ce_gen":
+        return _validate.flag(name, value)
+    if name == "ce_gen_timeout_s":
+        return _validate.real(name, value, 0.0, sys.float_info.max, low_open=True,
+                              what="a finite number of seconds > 0")
+    if name == "cache_max_bytes":
+        return _validate.integer(name, value, 0, allow_none=True)
+    return value
 
 
 def set_runtime_library(path: "os.PathLike[str] | str") -> None:

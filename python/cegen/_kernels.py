@@ -21,10 +21,10 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import _bundle_cache
+from . import _bundle_cache, _validate
 from ._errors import InvalidInputError
 from ._runtime import Device, DType, LabelLayout, LabelPolicy, Options, TensorDesc, get_runtime
-from ._variant import VariantKey, to_f32
+from ._variant import VariantKey
 
 __all__ = [
     "LABEL_OUT_OF_RANGE_POLICIES",
@@ -67,11 +67,11 @@ class Shard:
     global_smoothing: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.start, int) or not isinstance(self.vocab, int):
-            raise InvalidInputError(f"shard start and vocab must be ints, got {self!r}")
-        if not 0 <= self.start < self.vocab:
-            raise InvalidInputError(f"shard start {self.start} is outside [0, vocab={self.vocab})")
-        object.__setattr__(self, "global_smoothing", bool(self.global_smoothing))
+        start, vocab = _validate.shard_bounds(self.start, self.vocab)
+        object.__setattr__(self, "start", start)
+        object.__setattr__(self, "vocab", vocab)
+        object.__setattr__(self, "global_smoothing",
+                           _validate.flag("global_smoothing", self.global_smoothing))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,30 +103,18 @@ class KernelOptions:
     label_out_of_range: str = "error"
 
     def __post_init__(self) -> None:
-        if self.ignore_index is not None and not isinstance(self.ignore_index, int):
-            raise InvalidInputError(f"ignore_index must be an int or None, got {self.ignore_index!r}")
-        smoothing = float(self.label_smoothing)
-        if not 0.0 <= smoothing < 1.0:
-            raise InvalidInputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        z_loss = float(self.z_loss)
-        if not (z_loss >= 0.0 and z_loss != float("inf")):
-            raise InvalidInputError(f"z_loss must be finite and >= 0, got {self.z_loss}")
-        if self.label_layout not in ("bs", "sb"):
-            raise InvalidInputError(
-                f"label_layout must be 'bs' (labels [B,S]) or 'sb' (labels [S,B]), "
-                f"got {self.label_layout!r}"
-            )
+        # Every value is checked and normalized by cegen._validate (a plain int, an f32-rounded
+        # float, ...), so the custom ops and the variant key see canonical Python values.
+        object.__setattr__(self, "ignore_index", _validate.ignore_index(self.ignore_index))
+        object.__setattr__(self, "label_smoothing",
+                           _validate.label_smoothing(self.label_smoothing))
+        object.__setattr__(self, "z_loss", _validate.z_loss(self.z_loss))
+        _validate.label_layout(self.label_layout)
+        if self.bundle is not None:
+            object.__setattr__(self, "bundle", str(_validate.path("bundle", self.bundle)))
         if self.shard is not None and not isinstance(self.shard, Shard):
             raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
-        if (not isinstance(self.label_out_of_range, str)
-                or self.label_out_of_range not in LABEL_OUT_OF_RANGE_POLICIES):
-            raise InvalidInputError(
-                f"label_out_of_range must be 'error' (a label outside [0, V) that is not the "
-                f"ignore_index raises LabelOutOfRangeError) or 'megatron' (Megatron-Core's "
-                f"loss lse - max and softmax gradient for it), got {self.label_out_of_range!r}"
-            )
-        object.__setattr__(self, "label_smoothing", to_f32(smoothing))
-        object.__setattr__(self, "z_loss", to_f32(z_loss))
+        _validate.label_out_of_range(self.label_out_of_range)
 
 
 # -- test hook: poisoned outputs ----------------------------------------------------------

@@ -9,6 +9,7 @@ so loading it keeps the trainer's process free of a second LLVM.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Type
@@ -243,7 +244,7 @@ class Runtime:
     def open_bundle(self, directory: Path) -> "Bundle":
         """Opens the bundle in ``directory`` (``docs/bundle-format.md``)."""
         handle = ctypes.c_void_p()
-        status = self._lib.ce_bundle_open(str(directory).encode(), ctypes.byref(handle))
+        status = self._lib.ce_bundle_open(os.fsencode(directory), ctypes.byref(handle))
         self.check(status, f"opening the kernel bundle {directory}")
         return Bundle(self, Path(directory), handle)
 

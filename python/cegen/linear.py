@@ -30,7 +30,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _kernels
+from . import _kernels, _validate
 from ._errors import InvalidInputError
 from ._kernels import KernelOptions
 
@@ -169,12 +169,10 @@ def _row_weights(grad_weights: GradWeights, hidden: torch.Tensor, hidden_shape,
                  label_layout: str) -> Optional[torch.Tensor]:
     if grad_weights is None:
         return None
-    if isinstance(grad_weights, bool) or not isinstance(grad_weights, (int, float, torch.Tensor)):
-        raise InvalidInputError(
-            f"grad_weights must be a number or a tensor, got {type(grad_weights).__name__}")
-    if not isinstance(grad_weights, torch.Tensor):
-        return torch.tensor(float(grad_weights), dtype=torch.float32, device=hidden.device)
-    if not grad_weights.is_floating_point():
+    if not (isinstance(grad_weights, torch.Tensor) and grad_weights.is_floating_point()):
+        if not isinstance(grad_weights, torch.Tensor) or grad_weights.dim() == 0:
+            weight = _validate.scalar_grad_weight(grad_weights)
+            return torch.tensor(weight, dtype=torch.float32, device=hidden.device)
         raise InvalidInputError(f"grad_weights must be floating point, got {grad_weights.dtype}")
     if grad_weights.device != hidden.device:
         raise InvalidInputError(
@@ -215,7 +213,8 @@ def linear_cross_entropy(
             tensor of the labels' shape), known now: the forward then finishes the gradients
             (three GEMMs). A backward whose upstream gradient differs recomputes instead.
         chunk_tokens: tokens per chunk (default: 256 MiB of logits).
-        bundle: a bundle directory to take the kernels from (default: the cache).
+        bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
+            (default: the cache).
 
     Returns:
         The per-token loss, float32, in the labels' shape; differentiable w.r.t. ``hidden``,
@@ -238,14 +237,10 @@ def linear_cross_entropy(
         raise InvalidInputError(
             f"bias must be [V] = [{weight.shape[0]}] of {hidden.dtype} on {hidden.device}, got "
             f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
-    if chunk_tokens is not None and (isinstance(chunk_tokens, bool)
-                                     or not isinstance(chunk_tokens, int) or chunk_tokens < 1):
-        raise InvalidInputError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    chunk_tokens = _validate.integer("chunk_tokens", chunk_tokens, 1, allow_none=True)
     options = KernelOptions(ignore_index, label_smoothing, z_loss, "bs",
-                            None if bundle is None else os.fspath(bundle),
-                            label_out_of_range=label_out_of_range)
-    if label_layout not in ("bs", "sb"):
-        raise InvalidInputError(f"label_layout must be 'bs' or 'sb', got {label_layout!r}")
+                            _validate.bundle(bundle), label_out_of_range=label_out_of_range)
+    label_layout = _validate.label_layout(label_layout)
     hidden_shape = tuple(hidden.shape)
     rows = hidden.reshape(-1, hidden.shape[-1])
     if not rows.is_contiguous():

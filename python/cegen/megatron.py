@@ -54,6 +54,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple,
 
 import torch
 
+from . import _validate
+from ._errors import InvalidInputError
 from ._ownership import is_compiling
 from ._runtime import runtime_available
 from .ops import cross_entropy_vouched
@@ -99,19 +101,35 @@ _SETTING_NAMES = tuple(field.name for field in dataclasses.fields(TurboCESetting
 
 
 def _read_yaml(path: Path) -> Mapping[str, Any]:
-    import yaml  # PyYAML; only needed when a YAML file is read
-
+    """The mapping in a settings YAML; every failure is an InvalidInputError naming the file."""
     try:
-        with open(path, "r", encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
+        import yaml  # PyYAML; only needed when a YAML file is read
+    except ImportError as error:
+        raise InvalidInputError(
+            f"cannot read turbo cross-entropy settings from {path}: PyYAML is not installed "
+            f"(pip install pyyaml, or Debian's python3-yaml)") from error
+    try:
+        with open(path, "rb") as stream:
+            raw = stream.read()
     except OSError as error:
-        raise ValueError(f"cannot read turbo cross-entropy settings from {path}: {error}") from error
+        raise InvalidInputError(
+            f"cannot read turbo cross-entropy settings from {path}: {error}") from error
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidInputError(
+            f"cannot read turbo cross-entropy settings from {path}: it is not UTF-8 text "
+            f"(byte 0x{raw[error.start]:02x} at offset {error.start}: {error.reason})"
+        ) from error
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise ValueError(f"{path} is not valid YAML: {error}") from error
+        raise InvalidInputError(f"{path} is not valid YAML: {error}") from error
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise InvalidInputError(
+            f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
 
 
@@ -121,11 +139,11 @@ def _settings_in(data: Mapping[str, Any], path: Path) -> Dict[str, bool]:
     section = data.get(YAML_SECTION)
     if section is not None:
         if not isinstance(section, dict):
-            raise ValueError(f"{path}: '{YAML_SECTION}' must be a mapping")
+            raise InvalidInputError(f"{path}: '{YAML_SECTION}' must be a mapping")
         for key, value in section.items():
             name = str(key).replace("-", "_")
             if name not in _SETTING_NAMES:
-                raise ValueError(
+                raise InvalidInputError(
                     f"{path}: unknown setting '{key}' in '{YAML_SECTION}'; known: {list(_SETTING_NAMES)}"
                 )
             found[name] = value
@@ -135,7 +153,7 @@ def _settings_in(data: Mapping[str, Any], path: Path) -> Dict[str, bool]:
             found.setdefault(name, value)
     for name, value in found.items():
         if not isinstance(value, bool):
-            raise ValueError(f"{path}: '{name}' must be true or false, got {value!r}")
+            raise InvalidInputError(f"{path}: '{name}' must be true or false, got {value!r}")
     return found
 
 
@@ -207,7 +225,9 @@ def settings_from_args(args: Any = None) -> TurboCESettings:
         from megatron.training import get_args  # type: ignore[import-not-found]
 
         args = get_args()
-    values = {name: bool(getattr(args, name, False)) for name in _SETTING_NAMES}
+    # Flags only: a string such as "false" from a hand-made namespace must not turn them on.
+    values = {name: _validate.flag(f"args.{name}", getattr(args, name, False))
+              for name in _SETTING_NAMES}
     return TurboCESettings(**values)
 
 

@@ -25,7 +25,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _library
+from . import _library, _validate
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs
 from ._ownership import bump_version, grant_overwrite, is_compiling
@@ -149,28 +149,23 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None, None, None
 
 
-def _bundle_path(bundle: BundleArg) -> Optional[str]:
-    if bundle is None:
+def _checked_weights(grad_weights: GradWeights) -> Union[None, float, torch.Tensor]:
+    """``grad_weights`` checked: None, a float32-representable float, or a floating tensor."""
+    if grad_weights is None:
         return None
-    if isinstance(bundle, Bundle):
-        return str(bundle.path)
-    if isinstance(bundle, (str, os.PathLike)):
-        return os.fspath(bundle)
-    raise InvalidInputError(
-        f"bundle must be a directory path or a cegen Bundle, got {type(bundle).__name__}"
-    )
-
-
-def _weights_tensor(grad_weights: GradWeights, logits: torch.Tensor) -> torch.Tensor:
-    if isinstance(grad_weights, torch.Tensor):
+    if isinstance(grad_weights, torch.Tensor) and grad_weights.dim() > 0:
         if not grad_weights.is_floating_point():
             raise InvalidInputError(f"grad_weights must be floating point, got {grad_weights.dtype}")
+        return grad_weights
+    if isinstance(grad_weights, torch.Tensor) and grad_weights.is_floating_point():
+        return grad_weights  # a 0-d tensor: one weight for every token, as given
+    return _validate.scalar_grad_weight(grad_weights)
+
+
+def _weights_tensor(grad_weights: Union[float, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    if isinstance(grad_weights, torch.Tensor):
         return grad_weights.detach()
-    if isinstance(grad_weights, (int, float)) and not isinstance(grad_weights, bool):
-        return torch.tensor(float(grad_weights), dtype=torch.float32, device=logits.device)
-    raise InvalidInputError(
-        f"grad_weights must be a number or a tensor, got {type(grad_weights).__name__}"
-    )
+    return torch.tensor(grad_weights, dtype=torch.float32, device=logits.device)
 
 
 def cross_entropy_vouched(
@@ -195,7 +190,9 @@ def cross_entropy_vouched(
     its caller holds and never reads again (see ``cegen._ownership``).
     """
     options = KernelOptions(ignore_index, label_smoothing, z_loss, label_layout,
-                            _bundle_path(bundle), label_out_of_range=label_out_of_range)
+                            _validate.bundle(bundle), label_out_of_range=label_out_of_range)
+    overwrite_input = _validate.flag("overwrite_input", overwrite_input)
+    grad_weights = _checked_weights(grad_weights)
     check_inputs(logits, labels, options)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)

@@ -32,8 +32,8 @@ from typing import Any, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _kernels
-from ._kernels import LABEL_OUT_OF_RANGE_POLICIES, KernelOptions, Shard
+from . import _kernels, _validate
+from ._kernels import KernelOptions, Shard
 from ._errors import InvalidInputError
 from ._ownership import bump_version, grant_overwrite, is_compiling
 
@@ -90,9 +90,14 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     ``lse = M + log1p(rest)``, ``loss = log1p(rest) - (x_y - M)``. Elementwise tensor
     operations only: no host synchronization; NaN (a bad label's target) propagates.
     """
-    if label_out_of_range not in LABEL_OUT_OF_RANGE_POLICIES:
-        raise InvalidInputError(
-            f"label_out_of_range must be 'error' or 'megatron', got {label_out_of_range!r}")
+    label_out_of_range = _validate.label_out_of_range(label_out_of_range)
+    ignore_index = _validate.ignore_index(ignore_index)
+    label_smoothing = _validate.label_smoothing(label_smoothing)
+    z_loss = _validate.z_loss(z_loss)
+    vocab = _validate.integer("vocab", vocab, 1)
+    vocab_local = _validate.integer("vocab_local", vocab_local, 1, vocab)
+    global_smoothing = _validate.flag("global_smoothing", global_smoothing)
+    rank = _validate.integer("rank", rank)
     if gathered.dim() < 2 or gathered.shape[-1] != len(STATS_FIELDS):
         raise InvalidInputError(
             f"gathered shard statistics must be [world, *tokens, {len(STATS_FIELDS)}], got "
@@ -230,11 +235,13 @@ def vocab_parallel_cross_entropy_vouched(
     options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
                             z_loss=z_loss, label_layout=label_layout,
                             label_out_of_range=label_out_of_range)
+    overwrite_input = _validate.flag("overwrite_input", overwrite_input)
+    global_smoothing = _validate.flag("global_smoothing", global_smoothing)
     _kernels.check_inputs(logits, labels, options)  # before any collective: every rank alike
     rank, world = _rank_and_world(group)
     vocab_local = logits.shape[-1]
     shard = Shard(start=rank * vocab_local, vocab=world * vocab_local,
-                  global_smoothing=bool(global_smoothing))
+                  global_smoothing=global_smoothing)
     options = dataclasses.replace(options, shard=shard)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     if not needs_grad:

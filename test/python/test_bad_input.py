@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import unittest
+from fractions import Fraction
 
 import _support as S
+import numpy as np
 import torch
 
 import cegen
@@ -53,10 +55,10 @@ class TestRejectedBeforeLaunch(unittest.TestCase):
                             logits=S.random_logits((40, 6)).t())
 
     def test_bad_options(self) -> None:
-        self.assert_invalid("label_smoothing must be in", label_smoothing=1.0)
-        self.assert_invalid("label_smoothing must be in", label_smoothing=-0.1)
-        self.assert_invalid("z_loss must be finite", z_loss=-1e-4)
-        self.assert_invalid("z_loss must be finite", z_loss=float("nan"))
+        self.assert_invalid(r"label_smoothing must be a real number in \[0, 1\)", label_smoothing=1.0)
+        self.assert_invalid(r"label_smoothing must be a real number in \[0, 1\)", label_smoothing=-0.1)
+        self.assert_invalid("z_loss must be a finite real number", z_loss=-1e-4)
+        self.assert_invalid("z_loss must be a finite real number", z_loss=float("nan"))
         self.assert_invalid("label_layout must be", label_layout="bsv")
         self.assert_invalid("ignore_index must be an int", ignore_index=1.5)
         self.assert_invalid("grad_weights must be", logits=self.logits.clone().requires_grad_(True),
@@ -86,6 +88,172 @@ class TestRejectedBeforeLaunch(unittest.TestCase):
     def test_not_tensors(self) -> None:
         with self.assertRaisesRegex(cegen.InvalidInputError, "torch.Tensor"):
             cegen.cross_entropy([[1.0, 2.0]], torch.tensor([0]))  # type: ignore[arg-type]
+
+
+class TestOptionValues(unittest.TestCase):
+    """Every option value is checked in cegen._validate: a bad one is an InvalidInputError
+    naming the argument, the value and what is allowed, before anything runs (issue 23,
+    item 10); the integer and real types callers use (NumPy, 0-d tensors) are accepted."""
+
+    def setUp(self) -> None:
+        self.logits = S.random_logits((6, 40))
+        self.labels = S.random_labels((6,), 40)
+
+    def assert_refused(self, call, *parts: str) -> cegen.InvalidInputError:  # type: ignore[no-untyped-def]
+        with self.assertRaises(cegen.InvalidInputError) as caught:
+            call()
+        message = str(caught.exception)
+        for part in parts:
+            self.assertIn(part, message)
+        self.assertIsInstance(caught.exception, ValueError)
+        return caught.exception
+
+    def refused_everywhere(self, option: str, value, *parts: str) -> None:  # type: ignore[no-untyped-def]
+        """The option is refused by each entry point that takes it."""
+        x = self.logits.clone().requires_grad_(True)
+        calls = {
+            "cross_entropy": lambda: cegen.cross_entropy(self.logits, self.labels, **{option: value}),
+            "fused": lambda: cegen.cross_entropy(x, self.labels, grad_weights=1.0, **{option: value}),
+            "vocab_parallel": lambda: cegen.vocab_parallel_cross_entropy(
+                self.logits, self.labels, **{option: value}),
+            "linear": lambda: cegen.linear_cross_entropy(
+                torch.randn(6, 4), torch.randn(40, 4), self.labels, **{option: value}),
+        }
+        for name, call in calls.items():
+            with self.subTest(entry_point=name, option=option, value=value):
+                self.assert_refused(call, f"{option} must be", *parts)
+
+    def test_label_smoothing(self) -> None:
+        allowed = "a real number in [0, 1) (at most 0.99999994 in float32)"
+        self.refused_everywhere("label_smoothing", None, allowed, "got None")
+        self.refused_everywhere("label_smoothing", "0.1", allowed, "got '0.1'")
+        self.refused_everywhere("label_smoothing", True, allowed, "got True")
+        self.refused_everywhere("label_smoothing", float("nan"), allowed, "got nan")
+        self.refused_everywhere("label_smoothing", torch.tensor([0.1]), allowed, "shape (1,)")
+        # In [0, 1) as a Python float, but 1 once rounded to the float32 the kernels get.
+        self.refused_everywhere("label_smoothing", 0.99999999, "got 0.99999999, which rounds to 1 in float32")
+        for value in (np.float32(0.25), np.float64(0.25), torch.tensor(0.25), 0.25, Fraction(1, 4)):
+            with self.subTest(value=value):
+                self.assertEqual(_kernels.KernelOptions(label_smoothing=value).label_smoothing, 0.25)
+
+    def test_z_loss(self) -> None:
+        allowed = "a finite real number in [0, 3.40282347e+38] (the largest float32)"
+        self.refused_everywhere("z_loss", 1e39, allowed, "got 1e+39")
+        self.refused_everywhere("z_loss", float("inf"), allowed, "got inf")
+        self.refused_everywhere("z_loss", None, allowed, "got None")
+        self.refused_everywhere("z_loss", 10 ** 400, allowed)  # too large for a float at all
+        largest = _kernels.KernelOptions(z_loss=3.4028235e38).z_loss  # rounds to the largest float32
+        self.assertEqual(largest, 3.4028234663852886e38)
+        self.assertEqual(_kernels.KernelOptions(z_loss=np.float16(0.5)).z_loss, 0.5)
+
+    def test_ignore_index(self) -> None:
+        allowed = "an integer in [-9223372036854775808, 9223372036854775807] or None"
+        self.refused_everywhere("ignore_index", 2 ** 64, allowed, "got 18446744073709551616")
+        self.refused_everywhere("ignore_index", -(2 ** 63) - 1, allowed)
+        self.refused_everywhere("ignore_index", 1.0, allowed, "got 1.0")
+        self.refused_everywhere("ignore_index", True, allowed, "got True")
+        self.refused_everywhere("ignore_index", "-100", allowed, "got '-100'")
+        self.refused_everywhere("ignore_index", np.uint64(2 ** 64 - 1), allowed)
+        self.refused_everywhere("ignore_index", torch.tensor([-100]), allowed, "a tensor of shape (1,)")
+        # Any integer type: Python's, NumPy's, a 0-d integer tensor; kept as a Python int so
+        # that the custom ops' schema (int?) and the variant key see the same value.
+        for value in (np.int64(-100), np.int32(-100), np.int8(-100), torch.tensor(-100), -100):
+            with self.subTest(value=value):
+                options = _kernels.KernelOptions(ignore_index=value)
+                self.assertIs(type(options.ignore_index), int)
+                self.assertEqual(options.ignore_index, -100)
+        for edge in (2 ** 63 - 1, -(2 ** 63)):
+            self.assertEqual(_kernels.KernelOptions(ignore_index=edge).ignore_index, edge)
+
+    def test_choices(self) -> None:
+        self.refused_everywhere("label_layout", None, "'bs' (labels [B, S]) or 'sb' (labels [S, B])",
+                                "got None")
+        self.refused_everywhere("label_out_of_range", "Error", "'error' (", "or 'megatron' (",
+                                "got 'Error'")
+
+    def test_flags(self) -> None:
+        x = self.logits.clone().requires_grad_(True)
+        for value in ("no", "False", 0, 1, None):
+            with self.subTest(value=value):
+                # "no" is truthy: it must not overwrite the logits.
+                self.assert_refused(lambda: cegen.cross_entropy(x, self.labels, overwrite_input=value),
+                                    "overwrite_input must be True or False", f"got {value!r}")
+                self.assert_refused(
+                    lambda: cegen.vocab_parallel_cross_entropy(self.logits, self.labels,
+                                                               global_smoothing=value),
+                    "global_smoothing must be True or False")
+        self.assertFalse(_kernels.Shard(0, 8, np.bool_(False)).global_smoothing)
+
+    def test_grad_weights(self) -> None:
+        x = self.logits.clone().requires_grad_(True)
+        allowed = "grad_weights must be a finite real number in float32's range [-3.40282347e+38, 3.40282347e+38]"
+        for value in (1e39, -1e39, float("nan"), float("inf"), "mean", [1.0], True):
+            with self.subTest(value=value):
+                self.assert_refused(lambda: cegen.cross_entropy(x, self.labels, grad_weights=value),
+                                    allowed, f"got {value!r}")
+                # Refused when no gradient is needed too, rather than ignored.
+                self.assert_refused(lambda: cegen.cross_entropy(self.logits, self.labels,
+                                                                grad_weights=value), allowed)
+                self.assert_refused(lambda: cegen.linear_cross_entropy(
+                    torch.randn(6, 4), torch.randn(40, 4), self.labels, grad_weights=value), allowed)
+        self.assert_refused(lambda: cegen.cross_entropy(x, self.labels, grad_weights=torch.ones(6, dtype=torch.int64)),
+                            "grad_weights must be floating point")
+
+    def test_bundle_paths(self) -> None:
+        for value, shown in (("", "''"), ("dir\0name", "'dir\\x00name'"), (42, "42"),
+                             (["a"], "['a']")):
+            with self.subTest(value=value):
+                self.assert_refused(lambda: cegen.cross_entropy(self.logits, self.labels, bundle=value),
+                                    "bundle must be a path (str or os.PathLike)", f"got {shown}")
+                self.assert_refused(lambda: cegen.linear_cross_entropy(
+                    torch.randn(6, 4), torch.randn(40, 4), self.labels, bundle=value),
+                    "bundle must be a path")
+
+    def test_shard_and_combine(self) -> None:
+        shard = _kernels.Shard(np.int64(8), np.int32(16))
+        self.assertEqual((shard.start, shard.vocab), (8, 16))
+        self.assertIs(type(shard.start), int)
+        self.assert_refused(lambda: _kernels.Shard(0, 2 ** 64), "shard vocab must be an integer in [1, ")
+        self.assert_refused(lambda: _kernels.Shard(16, 16), "shard start must be an integer in [0, 15], got 16")
+        self.assert_refused(lambda: _kernels.Shard(True, 16), "shard start must be", "got True")
+        combine = dict(ignore_index=None, label_smoothing=0.0, z_loss=0.0, vocab_local=40, vocab=40,
+                       global_smoothing=False, rank=0)
+        stats = torch.zeros(1, 6, 4)
+        for option, value, message in (("label_smoothing", None, "label_smoothing must be"),
+                                       ("z_loss", 1e39, "z_loss must be"),
+                                       ("ignore_index", 2 ** 64, "ignore_index must be"),
+                                       ("vocab_local", 41, "vocab_local must be an integer in [1, 40]"),
+                                       ("vocab", 2.0, "vocab must be an integer"),
+                                       ("rank", None, "rank must be an integer"),
+                                       ("global_smoothing", "yes", "global_smoothing must be True or False")):
+            with self.subTest(option=option):
+                self.assert_refused(lambda: cegen.combine_shard_stats(
+                    stats, self.labels, **{**combine, option: value}), message)
+
+    def test_chunk_tokens(self) -> None:
+        for value in (0, 2.5, "64", True):
+            with self.subTest(value=value):
+                self.assert_refused(lambda: cegen.linear_cross_entropy(
+                    torch.randn(6, 4), torch.randn(40, 4), self.labels, chunk_tokens=value),
+                    "chunk_tokens must be an integer in [1, 9223372036854775807] or None", f"got {value!r}")
+
+    def test_configure(self) -> None:
+        previous = cegen.get_config()
+        cases = (("cache_dir", None, "cache_dir must be a path"),
+                 ("bundle_dirs", None, "bundle_dirs must be a path or a list of paths"),
+                 ("bundle_dirs", ["ok", 3], "bundle_dirs[1] must be a path"),
+                 ("ce_gen", "", "ce_gen must be a path"),
+                 ("run_ce_gen", "no", "run_ce_gen must be True or False, got 'no'"),
+                 ("ce_gen_timeout_s", 0, "ce_gen_timeout_s must be a finite number of seconds > 0, got 0"),
+                 ("ce_gen_timeout_s", float("inf"), "ce_gen_timeout_s must be a finite number"),
+                 ("cache_max_bytes", -1, "cache_max_bytes must be an integer in [0, "),
+                 ("cache_max_bytes", 1.5, "cache_max_bytes must be an integer"))
+        for name, value, message in cases:
+            with self.subTest(setting=name, value=value):
+                self.assert_refused(lambda: cegen.configure(**{name: value}), message)
+                self.assertEqual(cegen.get_config(), previous)  # nothing changed
+        self.assertEqual(cegen.configure(cache_max_bytes=np.int64(5)).cache_max_bytes, 5)
+        cegen.configure(cache_max_bytes=previous.cache_max_bytes)
 
 
 class TestFakeImplementations(unittest.TestCase):

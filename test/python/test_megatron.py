@@ -102,6 +102,42 @@ class TestArguments(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "cannot read"):
                 self.parse([], experiment_yaml=os.path.join(directory, "missing.yaml"))
 
+    def test_yaml_that_is_not_utf8_names_the_file(self) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "latin1.yaml")
+            with open(path, "wb") as stream:  # "# Einstellungen für" in Latin-1: byte 0xfc
+                stream.write(b"# Einstellungen f\xfcr cegen\nuse_turbo_cross_entropy: true\n")
+            with self.assertRaises(cegen.InvalidInputError) as caught:
+                self.parse([], experiment_yaml=path)
+            message = str(caught.exception)
+            self.assertIn(path, message)
+            self.assertIn("not UTF-8", message)
+            self.assertIn("byte 0xfc at offset 17", message)
+            self.assertIsInstance(caught.exception, ValueError)
+            self.assertNotIsInstance(caught.exception, UnicodeDecodeError)
+
+    def test_yaml_errors_are_cegen_errors(self) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            cases = {"use_turbo_cross_entropy: [1, 2\n": "is not valid YAML",
+                     "- a list\n": "expected a mapping at the top level",
+                     "use_turbo_cross_entropy: 1\n": "must be true or false"}
+            for text, message in cases.items():
+                with self.subTest(text=text):
+                    path = write_yaml(directory, text)
+                    with self.assertRaisesRegex(cegen.InvalidInputError, re.escape(message)) as caught:
+                        self.parse([], experiment_yaml=path)
+                    self.assertIn(path, str(caught.exception))
+            with self.assertRaisesRegex(cegen.InvalidInputError, "cannot read .*" + re.escape(directory)):
+                self.parse([], experiment_yaml=directory)  # a directory, not a file
+
+    def test_settings_namespace_holds_flags_only(self) -> None:
+        # A hand-made namespace with the string "false" must not turn the patch on.
+        for value in ("false", "False", 0, None, 1):
+            with self.subTest(value=value):
+                with self.assertRaisesRegex(cegen.InvalidInputError,
+                                            "args.use_turbo_cross_entropy must be True or False"):
+                    turbo_ce.settings_from_args(argparse.Namespace(use_turbo_cross_entropy=value))
+
     def test_settings_from_megatron_global_args(self) -> None:
         from megatron import training
 
