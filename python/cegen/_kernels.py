@@ -21,7 +21,7 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import _bundle_cache, _validate
+from . import _bundle_cache, _gradient_status, _validate
 from ._errors import InvalidInputError
 from ._runtime import Device, DType, LabelLayout, LabelPolicy, Options, TensorDesc, get_runtime
 from ._variant import VariantKey
@@ -320,8 +320,10 @@ def _stream(device: torch.device) -> Optional[int]:
 
 
 def _poll_labels(device: torch.device) -> None:
-    """Raises for bad labels that earlier GPU kernels on this stream reported; never
-    blocks (see :func:`check_labels`)."""
+    """Raises for bad labels that earlier GPU kernels on this stream reported, and for
+    fused gradients that earlier backwards could not compute (``cegen._gradient_status``);
+    never blocks (see :func:`check_labels`)."""
+    _gradient_status.poll(device)
     if device.type == "cpu":
         return
     kind, index = _device_of_device(device)

@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _kernels
+from . import _kernels, _rescale
 from ._kernels import KernelOptions
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "backward_overwrite",
     "fused",
     "fused_overwrite",
+    "rescale_fused_gradient",
 ]
 
 #: Whether the kernels are registered as ``torch.library`` custom ops.
@@ -95,6 +96,13 @@ def fused_overwrite_impl(logits: Tensor, labels: Tensor, weights: Tensor,
     return loss, lse
 
 
+def rescale_fused_gradient_impl(grad: Tensor, weights: Tensor, grad_loss: Tensor,
+                                label_layout: str) -> None:
+    """The fused gradient ``w_t * dloss_t/dx`` made ``g_t * dloss_t/dx``, in place, on the
+    device (``cegen._rescale``)."""
+    _rescale.rescale_fused_gradient(grad, weights, grad_loss, label_layout)
+
+
 # -- fake (meta) implementations: shapes and dtypes only -------------------------------------
 
 
@@ -142,6 +150,12 @@ def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
     return _token_outputs(logits, label_layout)
 
 
+def rescale_fused_gradient_fake(grad: Tensor, weights: Tensor, grad_loss: Tensor,
+                                label_layout: str) -> None:
+    """Fake of :func:`rescale_fused_gradient_impl`."""
+    return None
+
+
 # -- registration ---------------------------------------------------------------------------
 
 _SPECS = (
@@ -153,10 +167,16 @@ _SPECS = (
     ("fused_overwrite", fused_overwrite_impl, fused_overwrite_fake, ("logits",)),
 )
 
+# Device work on PyTorch tensors around the kernels (no cegen kernel, no label policy).
+_TENSOR_SPECS = (
+    ("rescale_fused_gradient", rescale_fused_gradient_impl, rescale_fused_gradient_fake,
+     ("grad",)),
+)
+
 
 def _register() -> dict:
     ops = {}
-    for name, impl, fake, mutates in _SPECS:
+    for name, impl, fake, mutates in _SPECS + _TENSOR_SPECS:
         if HAS_CUSTOM_OP:
             op = torch.library.custom_op(f"cegen::{name}", mutates_args=mutates)(impl)
             op.register_fake(fake)
@@ -173,3 +193,4 @@ backward = _OPS["backward"]
 backward_overwrite = _OPS["backward_overwrite"]
 fused = _OPS["fused"]
 fused_overwrite = _OPS["fused_overwrite"]
+rescale_fused_gradient = _OPS["rescale_fused_gradient"]

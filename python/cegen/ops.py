@@ -7,9 +7,9 @@ Two modes:
   per-token gradient, read through its strides (the stride-0 gradient of ``loss.sum()``
   included) without a copy.
 * fused (``grad_weights=`` given): the gradient weights are known when the forward runs, so
-  one kernel computes the loss and ``grad_weights_t * dloss_t/dlogits``; backward only
-  rescales it when the upstream gradient differs from the weights (see
-  :func:`_rescale_fused_gradient`).
+  one kernel computes the loss and ``grad_weights_t * dloss_t/dlogits``; backward rescales
+  each row by ``g_t / grad_weights_t`` on the device, without a host synchronization
+  (``cegen._rescale``; skipped when the upstream gradient is the weights tensor itself).
 
 With ``overwrite_input=True`` the gradient is written over the logits' storage when
 ``cegen._ownership`` finds the logits exclusively owned; otherwise it goes to a fresh
@@ -29,6 +29,7 @@ from . import _library, _validate
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs
 from ._ownership import bump_version, grant_overwrite, is_compiling
+from ._rescale import upstream_is_weights
 from ._runtime import Bundle
 
 __all__ = ["cross_entropy", "cross_entropy_vouched"]
@@ -41,40 +42,6 @@ def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
     """The options as the custom ops' trailing arguments, in their schema's order."""
     return (options.ignore_index, options.label_smoothing, options.z_loss,
             options.label_layout, options.bundle, options.label_out_of_range)
-
-
-def _per_token_column(values: torch.Tensor, logits_ndim: int, label_layout: str) -> torch.Tensor:
-    """Per-token ``values`` shaped to broadcast over the logits' vocabulary dimension."""
-    if logits_ndim == 3 and label_layout == "bs":
-        values = values.transpose(0, 1)  # [B,S] -> [S,B], a view
-    return values.unsqueeze(-1)
-
-
-def _rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss: torch.Tensor,
-                            label_layout: str) -> torch.Tensor:
-    """Turns the fused kernel's ``w_t * dloss_t/dx`` into ``g_t * dloss_t/dx``, in place.
-
-    ``g`` is the upstream gradient that autograd delivers. Where ``g == w`` (the intended
-    use: the weights are the upstream gradient, known ahead) nothing is touched; a uniform
-    ratio costs one scaling pass, a per-token ratio one broadcast multiply. A token with
-    weight 0 has no gradient to rescale, so it must also get upstream gradient 0.
-    """
-    g = grad_loss.to(torch.float32)
-    w = weights.to(torch.float32)
-    zero_weight = w == 0
-    if bool(torch.any(zero_weight & (g != 0))):
-        raise CegenError(
-            "fused cross_entropy: the upstream gradient is non-zero for a token whose "
-            "grad_weights entry is 0, so its gradient was never computed; make grad_weights "
-            "the gradient the loss will receive (e.g. the loss mask divided by the token count)"
-        )
-    ratio = torch.where(zero_weight, torch.zeros_like(g), g / torch.where(zero_weight, torch.ones_like(w), w))
-    if bool(torch.all(ratio == 1)):
-        return grad
-    first = ratio.reshape(-1)[:1]
-    if ratio.numel() > 0 and bool(torch.all(ratio == first)):
-        return grad.mul_(float(first))
-    return grad.mul_(_per_token_column(ratio, grad.dim(), label_layout))
 
 
 # The Functions take the options as separate primitives (not a KernelOptions object) so that
@@ -145,7 +112,8 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
             )
         ctx.used = True
         grad, weights = ctx.saved_tensors
-        grad = _rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
+        if not upstream_is_weights(grad_loss, weights):
+            _library.rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
         return grad, None, None, None, None, None, None, None, None, None
 
 
@@ -165,7 +133,9 @@ def _checked_weights(grad_weights: GradWeights) -> Union[None, float, torch.Tens
 def _weights_tensor(grad_weights: Union[float, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
     if isinstance(grad_weights, torch.Tensor):
         return grad_weights.detach()
-    return torch.tensor(grad_weights, dtype=torch.float32, device=logits.device)
+    # torch.full launches a fill: torch.tensor(value, device=cuda) would copy from the host
+    # and synchronize the stream.
+    return torch.full((), grad_weights, dtype=torch.float32, device=logits.device)
 
 
 def cross_entropy_vouched(

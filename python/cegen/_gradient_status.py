@@ -1,0 +1,188 @@
+"""Lazy reports of fused gradients that could not be made right, without a host sync.
+
+The fused path (``grad_weights=``) computes ``w_t * dloss_t/dlogits`` in the forward; its
+backward rescales each row by ``g_t / w_t`` on the device (``cegen._rescale``). A token
+whose weight was 0 has no gradient to rescale: if its upstream gradient ``g_t`` is not 0,
+its gradient row is set to NaN and the token is counted here. The count is read by the
+host later, without waiting for the device, as the runtime's label status words are:
+
+* an eager backward copies its count (a device scalar) into a slot of page-locked host
+  memory with an asynchronous copy and records an event behind it;
+* every later cegen call on that device polls the slots whose event has completed (never
+  blocking) and raises :class:`~cegen.CegenError` once for the tokens they counted;
+* a backward captured into a CUDA graph adds its count to a counter of its own (made in
+  the capture, so each replay starts it at 0); each eager poll copies the counters of the
+  graphs captured on the device into slots and zeroes them behind the copy, so a replay
+  that met such a token is reported by the next call after it, once;
+* :func:`check_fused_gradients` waits for the current stream and reports everything.
+
+On the CPU the count is final when the backward returns, so the backward that met the
+token raises. The host reads the slots through NumPy views of host memory: no
+``Tensor.item()``, ``bool(tensor)`` or device-to-host synchronization anywhere.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ._errors import CegenError
+
+__all__ = ["record", "poll", "check_fused_gradients", "ZeroWeightGradientError"]
+
+
+class ZeroWeightGradientError(CegenError):
+    """A fused call's token had ``grad_weights`` 0 but a non-zero upstream gradient."""
+
+
+_MESSAGE = (
+    "fused cross_entropy: the upstream gradient was non-zero for {count} token(s) whose "
+    "grad_weights entry was 0 ({where}), so their gradient was never computed; their "
+    "gradient rows were set to NaN. Make grad_weights the gradient the loss will receive "
+    "(e.g. the loss mask divided by the token count), or leave grad_weights out"
+)
+
+
+class _Slot:
+    """One count on its way to the host: a host word, its NumPy view and an event."""
+
+    def __init__(self, device: torch.device):
+        cuda = device.type == "cuda"
+        self.word = torch.zeros((1,), dtype=torch.int64, pin_memory=cuda)
+        self.view = self.word.numpy()
+        self.event = torch.cuda.Event() if cuda else None
+        self.where = ""
+
+
+class _DeviceState:
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.free: List[_Slot] = []
+        self.pending: List[_Slot] = []
+        self.graph_counters: List[Tuple[torch.Tensor, str]] = []
+        self.eager_launches = 0
+
+    def take(self) -> _Slot:
+        return self.free.pop() if self.free else _Slot(self.device)
+
+
+_lock = threading.Lock()
+_states: Dict[Tuple[str, int], _DeviceState] = {}
+
+
+def _key(device: torch.device) -> Tuple[str, int]:
+    if device.type == "cpu":
+        return ("cpu", 0)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (device.type, index)
+
+
+def _state(device: torch.device, create: bool) -> Optional[_DeviceState]:
+    key = _key(device)
+    state = _states.get(key)
+    if state is None and create:
+        with _lock:
+            state = _states.setdefault(key, _DeviceState(torch.device(*key) if key[0] != "cpu"
+                                                         else torch.device("cpu")))
+    return state
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def record(bad: torch.Tensor) -> None:
+    """Counts the True entries of ``bad`` (tokens with weight 0 and upstream gradient != 0)
+    for a later report; never synchronizes. Called by the fused backward."""
+    device = bad.device
+    state = _state(device, create=True)
+    assert state is not None
+    count = bad.sum(dtype=torch.int64).reshape(1)
+    if _capturing(device):
+        # Made inside the capture: every replay starts the counter at 0, then adds.
+        counter = torch.zeros((1,), dtype=torch.int64, device=device)
+        counter.add_(count)
+        with _lock:
+            state.graph_counters.append(
+                (counter, f"a fused backward captured into a CUDA graph on {device}"))
+        return
+    with _lock:
+        slot = state.take()
+        state.eager_launches += 1
+        slot.where = f"fused backward {state.eager_launches} on {device}"
+    slot.word.copy_(count, non_blocking=True)
+    if slot.event is not None:
+        slot.event.record()
+    with _lock:
+        state.pending.append(slot)
+    if device.type == "cpu":
+        poll(device)  # the count is final now: report it from the backward that made it
+
+
+def _collect_graph_counters(state: _DeviceState) -> None:
+    """Queues a copy of each captured counter and zeroes it behind the copy."""
+    for counter, where in state.graph_counters:
+        slot = state.take()
+        slot.where = where
+        slot.word.copy_(counter, non_blocking=True)
+        counter.zero_()
+        if slot.event is not None:
+            slot.event.record()
+        state.pending.append(slot)
+
+
+def poll(device: torch.device) -> None:
+    """Raises :class:`ZeroWeightGradientError` for the counts that have arrived on the
+    host; never blocks. A no-op while the current stream is being captured."""
+    state = _state(device, create=False)
+    if state is None or _capturing(device):
+        return
+    arrived: List[_Slot] = []
+    with _lock:
+        if state.graph_counters:
+            _collect_graph_counters(state)
+        if not state.pending:
+            return
+        waiting = []
+        for slot in state.pending:
+            (arrived if slot.event is None or slot.event.query() else waiting).append(slot)
+        state.pending = waiting
+        total, first = 0, ""
+        for slot in arrived:
+            value = int(slot.view[0])
+            if value and not first:
+                first = slot.where
+            total += value
+        state.free.extend(arrived)
+    if total:
+        raise ZeroWeightGradientError(_MESSAGE.format(count=total, where=first))
+
+
+def check_fused_gradients(device: Optional[torch.device] = None, wait: bool = True) -> None:
+    """Reports fused backwards that met a token with ``grad_weights`` 0 and a non-zero
+    upstream gradient (see ``cegen._gradient_status``).
+
+    Waits for the current stream of ``device`` (default: the current CUDA device, or the
+    CPU without CUDA) unless ``wait`` is False, then raises
+    :class:`ZeroWeightGradientError` once for what has not been reported yet.
+    """
+    if device is None:
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if torch.cuda.is_available() else torch.device("cpu"))
+    device = torch.device(device)
+    state = _state(device, create=False)
+    if state is None:
+        return
+    if wait and device.type == "cuda":
+        with _lock:
+            if state.graph_counters:
+                _collect_graph_counters(state)
+        torch.cuda.current_stream(device).synchronize()
+        with _lock:
+            slots = list(state.pending)
+        for slot in slots:
+            if slot.event is not None:
+                slot.event.synchronize()
+    poll(device)
