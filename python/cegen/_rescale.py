@@ -60,5 +60,5 @@ def rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss:
     w = weights if weights.dtype == torch.float32 else weights.float()
     nonzero = g != 0
     ratio = torch.where(nonzero, g / w, 0.0)
-    _gradient_status.record((w == 0) & nonzero)
     grad.mul_(_per_token_column(ratio, grad.dim(), label_layout))
+    _gradient_status.record((w == 0) & nonzero)  # on the CPU this may raise: rows first
