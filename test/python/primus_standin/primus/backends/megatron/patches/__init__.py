@@ -1,0 +1,1 @@
+"""Stand-in of Primus for cegen tests (not Primus code)."""
