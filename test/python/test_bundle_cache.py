@@ -230,18 +230,25 @@ class TestRepair(CacheTestCase):
         return entry
 
     def test_damaged_entries_are_rebuilt(self) -> None:
+        # Damaged files are written as new files: this process may still have the old
+        # object mapped (a launch plan of cegen._kernels keeps its Bundle), and a file
+        # changed in place under a mapping faults whoever maps it, cache or not.
+        def replace(path: Path, data: bytes) -> None:
+            path.unlink()
+            path.write_bytes(data)
+
         def flip_object(entry: Path) -> None:
             data = bytearray((entry / "host-x86_64.so").read_bytes())
             data[len(data) // 2] ^= 0xFF
-            (entry / "host-x86_64.so").write_bytes(bytes(data))
+            replace(entry / "host-x86_64.so", bytes(data))
 
         def cut_object(entry: Path) -> None:
             path = entry / "host-x86_64.so"
-            path.write_bytes(path.read_bytes()[:1000])
+            replace(path, path.read_bytes()[:1000])
 
         def cut_manifest(entry: Path) -> None:
             path = entry / "manifest.json"
-            path.write_bytes(path.read_bytes()[:200])
+            replace(path, path.read_bytes()[:200])
 
         def remove_manifest(entry: Path) -> None:
             (entry / "manifest.json").unlink()
@@ -274,6 +281,7 @@ class TestRepair(CacheTestCase):
     def test_damaged_entry_without_ce_gen_runs(self) -> None:
         self.fake()
         entry = self.build_and_forget()
+        (entry / "host-x86_64.so").unlink()  # a new file, not the one that may be mapped
         (entry / "host-x86_64.so").write_bytes(b"x")
         cegen.configure(run_ce_gen=False)
         with self.assertRaisesRegex(cegen.BundleError, "running ce-gen to rebuild it is disabled"):
