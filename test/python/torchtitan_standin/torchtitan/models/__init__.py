@@ -1,0 +1,3 @@
+"""Stand-in of torchtitan.models: the built-in model names."""
+
+_supported_models = frozenset(["llama3"])
