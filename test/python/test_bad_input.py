@@ -393,6 +393,17 @@ class TestRejectedByTheRuntime(unittest.TestCase):
         with self.assertRaises(cegen.LabelOutOfRangeError):
             cegen.cross_entropy(S.random_logits((6, 40)), labels, ignore_index=-100)
 
+    def test_wide_ignore_index_is_not_truncated_for_int32_labels(self) -> None:
+        # 2**32 - 100 is -100 in 32 bits: it must match no int32 label, -100 included.
+        labels = S.random_labels((6,), 40, torch.int32)
+        labels[1] = -100
+        for ignore_index in (2 ** 32 - 100, np.int64(-100 - 2 ** 32)):
+            with self.subTest(ignore_index=ignore_index):
+                with self.assertRaisesRegex(cegen.LabelOutOfRangeError, "label -100 is not in"):
+                    cegen.cross_entropy(S.random_logits((6, 40)), labels, ignore_index=ignore_index)
+        loss = cegen.cross_entropy(S.random_logits((6, 40)), labels, ignore_index=np.int16(-100))
+        self.assertEqual(float(loss[1]), 0.0)
+
     def test_out_of_range_in_fused_mode(self) -> None:
         labels = S.random_labels((2, 3), 40)
         labels[1, 2] = 40
