@@ -69,23 +69,23 @@ class _DeviceState:
 
 
 _lock = threading.Lock()
-_states: Dict[Tuple[str, int], _DeviceState] = {}
+# Keyed by the tensors' torch.device (a CUDA tensor's names its index): hashing one is
+# cheap, and poll() runs on every call.
+_states: Dict[torch.device, _DeviceState] = {}
 
 
-def _key(device: torch.device) -> Tuple[str, int]:
-    if device.type == "cpu":
-        return ("cpu", 0)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return (device.type, index)
+def _normalized(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def _state(device: torch.device, create: bool) -> Optional[_DeviceState]:
-    key = _key(device)
-    state = _states.get(key)
+    state = _states.get(device)
     if state is None and create:
+        device = _normalized(device)
         with _lock:
-            state = _states.setdefault(key, _DeviceState(torch.device(*key) if key[0] != "cpu"
-                                                         else torch.device("cpu")))
+            state = _states.setdefault(device, _DeviceState(device))
     return state
 
 
@@ -136,8 +136,10 @@ def _collect_graph_counters(state: _DeviceState) -> None:
 def poll(device: torch.device) -> None:
     """Raises :class:`ZeroWeightGradientError` for the counts that have arrived on the
     host; never blocks. A no-op while the current stream is being captured."""
+    if not _states:
+        return  # no fused backward has run in this process
     state = _state(device, create=False)
-    if state is None or _capturing(device):
+    if state is None or (not state.pending and not state.graph_counters) or _capturing(device):
         return
     arrived: List[_Slot] = []
     with _lock:
@@ -171,7 +173,7 @@ def check_fused_gradients(device: Optional[torch.device] = None, wait: bool = Tr
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())
                   if torch.cuda.is_available() else torch.device("cpu"))
-    device = torch.device(device)
+    device = _normalized(torch.device(device))
     state = _state(device, create=False)
     if state is None:
         return

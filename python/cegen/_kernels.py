@@ -16,14 +16,17 @@ on its stream, and :func:`check_labels` waits for the stream and reports everyth
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+import threading
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from . import _bundle_cache, _gradient_status, _validate
 from ._errors import InvalidInputError
-from ._runtime import Device, DType, LabelLayout, LabelPolicy, Options, TensorDesc, get_runtime
+from ._runtime import (CE_MAX_RANK, Device, DType, LabelLayout, LabelPolicy, Options,
+                       TensorDesc, get_runtime)
 from ._variant import VariantKey
 
 __all__ = [
@@ -117,6 +120,33 @@ class KernelOptions:
         _validate.label_out_of_range(self.label_out_of_range)
 
 
+#: The types whose values :func:`kernel_options` keeps: a Python call passes the same few
+#: option values every step, so they are validated once per distinct value.
+_PLAIN_OPTION_TYPES = (int, float, str, type(None))
+_options_cache: Dict[Tuple[Any, ...], KernelOptions] = {}
+_OPTIONS_CACHE_SIZE = 256
+
+
+def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_layout: Any,
+                   bundle: Any, label_out_of_range: Any) -> KernelOptions:
+    """``KernelOptions(...)`` of these values, validated once per distinct value: a host-time
+    saving of the per-call path (the values are plain ints, floats and strings; anything
+    else, e.g. a NumPy integer or a 0-d tensor, is validated every time)."""
+    values = (ignore_index, label_smoothing, z_loss, label_layout, bundle, label_out_of_range)
+    if not all(type(value) in _PLAIN_OPTION_TYPES for value in values):
+        return KernelOptions(*values[:5], label_out_of_range=label_out_of_range)
+    # Types and float bits are part of the key: True == 1 and -0.0 == 0.0 in a dict.
+    key = tuple((type(value), value.hex() if type(value) is float else value)
+                for value in values)
+    options = _options_cache.get(key)
+    if options is None:
+        options = KernelOptions(*values[:5], label_out_of_range=label_out_of_range)
+        if len(_options_cache) >= _OPTIONS_CACHE_SIZE:
+            _options_cache.clear()
+        _options_cache[key] = options
+    return options
+
+
 # -- test hook: poisoned outputs ----------------------------------------------------------
 
 _poison = False
@@ -150,20 +180,22 @@ def _empty_like(tensor: torch.Tensor) -> torch.Tensor:
 # -- validation and description -----------------------------------------------------------
 
 
+_GPU_DEVICE_TYPE = Device.HIP if getattr(torch.version, "hip", None) else Device.CUDA
+
+
 def _gpu_device_type() -> int:
     """The runtime's device type for torch's ``cuda`` tensors: HIP on a ROCm build."""
-    return Device.HIP if getattr(torch.version, "hip", None) else Device.CUDA
+    return _GPU_DEVICE_TYPE
 
 
 def _device_of(tensor: torch.Tensor, name: str) -> Tuple[int, int]:
-    device = tensor.device
-    if device.type == "cpu":
+    # is_cuda / is_cpu / get_device(): a tenth of the host time of tensor.device.type.
+    if tensor.is_cuda:
+        return _GPU_DEVICE_TYPE, tensor.get_device()
+    if tensor.is_cpu:
         return Device.HOST, 0
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return _gpu_device_type(), index
     raise InvalidInputError(
-        f"{name} is on device {device}; cegen runs on the CPU and on CUDA/ROCm GPUs"
+        f"{name} is on device {tensor.device}; cegen runs on the CPU and on CUDA/ROCm GPUs"
     )
 
 
@@ -195,9 +227,15 @@ def describe(tensor: torch.Tensor, name: str) -> TensorDesc:
     if entry is None:
         raise InvalidInputError(f"{name} has unsupported dtype {tensor.dtype}")
     device, index = _device_of(tensor, name)
-    return TensorDesc.make(
-        tensor.data_ptr(), entry[1], tensor.shape, tensor.stride(), device, index
-    )
+    shape = tensor.shape
+    if len(shape) > CE_MAX_RANK:
+        return TensorDesc.make(tensor.data_ptr(), entry[1], shape, tensor.stride(), device, index)
+    # One constructor call (C-level field assignment): the per-launch host cost.
+    return TensorDesc(tensor.data_ptr(), entry[1], len(shape), _Extents(*shape),
+                      _Extents(*tensor.stride()), device, index)
+
+
+_Extents = ctypes.c_int64 * CE_MAX_RANK
 
 
 def token_shape(logits_shape: Sequence[int], label_layout: str) -> Tuple[int, ...]:
@@ -229,28 +267,30 @@ def check_inputs(logits: torch.Tensor, labels: torch.Tensor, options: KernelOpti
         )
     if labels.dtype not in _LABEL_DTYPES:
         raise InvalidInputError(f"labels dtype {labels.dtype} is not supported; use int64 or int32")
-    tokens = token_shape(logits.shape, options.label_layout)
-    if logits.shape[-1] < 1:
-        raise InvalidInputError(f"logits have an empty vocabulary dimension: {tuple(logits.shape)}")
-    smoothing_vocab = logits.shape[-1]
+    shape = logits.shape  # read once: each .shape builds a torch.Size
+    tokens = token_shape(shape, options.label_layout)
+    vocab = shape[-1]
+    if vocab < 1:
+        raise InvalidInputError(f"logits have an empty vocabulary dimension: {tuple(shape)}")
+    smoothing_vocab = vocab
     if options.shard is not None:
-        if options.shard.start + logits.shape[-1] > options.shard.vocab:
+        if options.shard.start + vocab > options.shard.vocab:
             raise InvalidInputError(
                 f"the logits' slice [{options.shard.start}, {options.shard.start} + "
-                f"{logits.shape[-1]}) exceeds the shard's vocabulary of {options.shard.vocab}"
+                f"{vocab}) exceeds the shard's vocabulary of {options.shard.vocab}"
             )
         if options.shard.global_smoothing:
             smoothing_vocab = options.shard.vocab
     if options.label_smoothing > 0.0 and smoothing_vocab < 2:
         raise InvalidInputError("label smoothing needs a vocabulary of at least 2 entries")
-    if tuple(labels.shape) != tokens:
+    if labels.shape != tokens:
         layout = {2: "[N]", 3: "[B, S]" if options.label_layout == "bs" else "[S, B]"}
         raise InvalidInputError(
             f"labels of shape {tuple(labels.shape)} do not fit logits of shape "
             f"{tuple(logits.shape)}: expected {layout[logits.dim()]} = {tokens}"
             + (" (label_layout='" + options.label_layout + "')" if logits.dim() == 3 else "")
         )
-    if logits.shape[-1] > 1 and logits.stride(-1) != 1:
+    if vocab > 1 and logits.stride(-1) != 1:
         raise InvalidInputError(
             f"the vocabulary dimension of the logits must have stride 1, got strides "
             f"{tuple(logits.stride())}; pass logits.contiguous()"
@@ -303,6 +343,34 @@ def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOpt
     )
 
 
+# (op, dtypes, rank, options, overwrite, weights, device) -> (bundle generation, bundle,
+# runtime options): the variant key, the bundle lookup and the ce_options struct of a call
+# made before. The runtime only reads the struct (const ce_options *).
+_launches: Dict[Tuple[Any, ...], Tuple[int, Any, Options]] = {}
+_launches_lock = threading.Lock()
+
+
+def _launch(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
+            device: Tuple[int, int], overwrite: bool = False,
+            weights: str = "none") -> Tuple[Any, Options]:
+    """The open bundle holding this call's kernel and its ``ce_options``, cached per call
+    shape; a lookup that fails raises as :func:`cegen._bundle_cache.bundle_for` does."""
+    key = (op, logits.dtype, labels.dtype, logits.dim(), options, overwrite, weights, device)
+    generation = _bundle_cache.generation
+    entry = _launches.get(key)
+    if entry is not None and entry[0] == generation:
+        return entry[1], entry[2]
+    bundle = _bundle_cache.bundle_for(
+        _key(op, logits, labels, options, overwrite=overwrite, weights=weights),
+        options.bundle, device_target(logits.device))
+    runtime_options = _runtime_options(options, overwrite)
+    with _launches_lock:
+        if len(_launches) >= _OPTIONS_CACHE_SIZE:
+            _launches.clear()
+        _launches[key] = (generation, bundle, runtime_options)
+    return bundle, runtime_options
+
+
 def _refuse_shard(options: KernelOptions, what: str) -> None:
     if options.shard is not None:
         raise InvalidInputError(
@@ -319,15 +387,34 @@ def _stream(device: torch.device) -> Optional[int]:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _poll_labels(device: torch.device) -> None:
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream_at(where: Tuple[int, int]) -> Optional[int]:
+    """:func:`_stream` for a ``(device type, index)`` from :func:`_device_of`."""
+    if where[0] == Device.HOST:
+        return None
+    if _raw_stream is not None:
+        return _raw_stream(where[1])  # the current stream's handle, no Stream object made
+    return torch.cuda.current_stream(where[1]).cuda_stream
+
+
+def _poll_labels(device: torch.device, runtime: Any = None, where: Optional[Tuple[int, int]] = None,
+                 stream: Optional[int] = None) -> None:
     """Raises for bad labels that earlier GPU kernels on this stream reported, and for
     fused gradients that earlier backwards could not compute (``cegen._gradient_status``);
-    never blocks (see :func:`check_labels`)."""
+    never blocks (see :func:`check_labels`). ``runtime``, ``where`` (device type and
+    index) and ``stream`` may be passed when the caller has them."""
     _gradient_status.poll(device)
-    if device.type == "cpu":
+    if where is None:
+        if device.type == "cpu":
+            return
+        where = _device_of_device(device)
+    kind, index = where
+    if kind == Device.HOST:
         return
-    kind, index = _device_of_device(device)
-    get_runtime().check_label_status(kind, index, _stream(device), wait=False)
+    (runtime or get_runtime()).check_label_status(
+        kind, index, stream if stream is not None else _stream(device), wait=False)
 
 
 def _device_of_device(device: torch.device) -> Tuple[int, int]:
@@ -367,14 +454,13 @@ def forward(logits: torch.Tensor, labels: torch.Tensor,
     lse = _empty(tokens, torch.float32, logits.device)
     if loss.numel() == 0:
         return loss, lse
-    runtime = get_runtime()
-    _poll_labels(logits.device)
-    bundle = _bundle_cache.bundle_for(_key("forward", logits, labels, options), options.bundle,
-                                      device_target(logits.device))
-    runtime.forward(
-        bundle, _runtime_options(options, False), describe(logits, "logits"),
-        describe(labels, "labels"), describe(loss, "loss"), describe(lse, "lse"),
-        _stream(logits.device),
+    where = _device_of(logits, "logits")
+    bundle, runtime_options = _launch("forward", logits, labels, options, where)
+    stream = _stream_at(where)
+    _poll_labels(logits.device, bundle.runtime, where, stream)
+    bundle.runtime.forward(
+        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
+        describe(loss, "loss"), describe(lse, "lse"), stream,
     )
     return loss, lse
 
@@ -398,13 +484,13 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
     grad = None if overwrite else _empty_like(logits)
     if lse.numel() == 0:
         return grad
-    runtime = get_runtime()
-    key = _key("backward", logits, labels, options, overwrite=overwrite)
-    bundle = _bundle_cache.bundle_for(key, options.bundle, device_target(logits.device))
-    runtime.backward(
-        bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
-        describe(labels, "labels"), describe(lse, "lse"), describe(grad_loss, "grad_loss"),
-        None if grad is None else describe(grad, "grad"), _stream(logits.device),
+    where = _device_of(logits, "logits")
+    bundle, runtime_options = _launch("backward", logits, labels, options, where,
+                                      overwrite=overwrite)
+    bundle.runtime.backward(
+        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
+        describe(lse, "lse"), describe(grad_loss, "grad_loss"),
+        None if grad is None else describe(grad, "grad"), _stream_at(where),
     )
     return grad
 
@@ -434,15 +520,15 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     grad = None if overwrite else _empty_like(logits)
     if loss.numel() == 0:
         return loss, lse, grad
-    runtime = get_runtime()
-    key = _key("fused", logits, labels, options, overwrite=overwrite, weights=kind)
-    _poll_labels(logits.device)
-    bundle = _bundle_cache.bundle_for(key, options.bundle, device_target(logits.device))
-    runtime.fused(
-        bundle, _runtime_options(options, overwrite), describe(logits, "logits"),
-        describe(labels, "labels"), describe(weights, "grad_weights"), describe(loss, "loss"),
-        describe(lse, "lse"), None if grad is None else describe(grad, "grad"),
-        _stream(logits.device),
+    where = _device_of(logits, "logits")
+    bundle, runtime_options = _launch("fused", logits, labels, options, where,
+                                      overwrite=overwrite, weights=kind)
+    stream = _stream_at(where)
+    _poll_labels(logits.device, bundle.runtime, where, stream)
+    bundle.runtime.fused(
+        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
+        describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
+        None if grad is None else describe(grad, "grad"), stream,
     )
     return loss, lse, grad
 
@@ -476,12 +562,12 @@ def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptio
             out.fill_(float("nan"))
     if out.numel() == 0:
         return out
-    runtime = get_runtime()
-    _poll_labels(logits.device)
-    bundle = _bundle_cache.bundle_for(_key("shard_stats", logits, labels, options),
-                                      options.bundle, device_target(logits.device))
-    runtime.shard_stats(
-        bundle, _runtime_options(options, False), describe(logits, "logits"),
-        describe(labels, "labels"), describe(out, "stats"), _stream(logits.device),
+    where = _device_of(logits, "logits")
+    bundle, runtime_options = _launch("shard_stats", logits, labels, options, where)
+    stream = _stream_at(where)
+    _poll_labels(logits.device, bundle.runtime, where, stream)
+    bundle.runtime.shard_stats(
+        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
+        describe(out, "stats"), stream,
     )
     return out

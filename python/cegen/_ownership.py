@@ -109,11 +109,12 @@ def _producer_saved_logits(logits: torch.Tensor) -> Optional[str]:
     return None
 
 
+_compiling_probe = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def is_compiling() -> bool:
     """Whether torch.compile (dynamo) is tracing the caller."""
-    compiler = getattr(torch, "compiler", None)
-    probe = getattr(compiler, "is_compiling", None)
-    return bool(probe()) if probe is not None else False
+    return bool(_compiling_probe()) if _compiling_probe is not None else False
 
 
 def overwrite_refusal(logits: torch.Tensor, python_refs: int, vouched_refs: int = 0) -> Optional[str]:

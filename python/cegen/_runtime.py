@@ -12,7 +12,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 from . import _config
 from ._errors import (
@@ -192,8 +192,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ce_status_string.restype = ctypes.c_char_p
 
 
-def _ref(desc: Optional[TensorDesc]) -> Optional["ctypes._Pointer[TensorDesc]"]:
-    return None if desc is None else ctypes.pointer(desc)
+def _ref(desc: Optional[TensorDesc]) -> Any:
+    # byref: a light reference the POINTER(TensorDesc) argument accepts (pointer() builds
+    # a pointer object, a few times the host cost per argument).
+    return None if desc is None else ctypes.byref(desc)
 
 
 class Runtime:

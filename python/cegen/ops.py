@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 
 from . import _library, _validate
 from ._errors import CegenError, InvalidInputError
-from ._kernels import KernelOptions, check_inputs
+from ._kernels import KernelOptions, check_inputs, kernel_options
 from ._ownership import bump_version, grant_overwrite, is_compiling
 from ._rescale import upstream_is_weights
 from ._runtime import Bundle
@@ -159,9 +159,12 @@ def cross_entropy_vouched(
     integration's entry point, and ``vouched_refs`` the references the integration knows
     its caller holds and never reads again (see ``cegen._ownership``).
     """
-    options = KernelOptions(ignore_index, label_smoothing, z_loss, label_layout,
-                            _validate.bundle(bundle), label_out_of_range=label_out_of_range)
-    overwrite_input = _validate.flag("overwrite_input", overwrite_input)
+    # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
+    options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
+                             bundle if bundle is None or type(bundle) is str
+                             else _validate.bundle(bundle), label_out_of_range)
+    if type(overwrite_input) is not bool:
+        overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     grad_weights = _checked_weights(grad_weights)
     check_inputs(logits, labels, options)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad

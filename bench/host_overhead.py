@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Host time per call of ``cegen.cross_entropy``, and where it goes.
+
+A program, not a test. It times, in microseconds of host (wall) time per call, the public
+API the way a trainer calls it and then each stage of a forward call on its own:
+
+* ``forward`` (no_grad), ``fwd+bwd`` (the call and ``torch.autograd.grad`` with a per-token
+  upstream gradient), ``fused`` (``grad_weights=g`` and upstream ``g``, the weights tensor
+  itself: no rescale) and ``fused, rescaled`` (upstream ``g * 1``: the device rescale runs);
+* stages of a forward: option validation (``kernel_options``, cached per value), input
+  checks, the overwrite ownership check, the kernel lookup (variant key, bundle, ce_options;
+  cached per call shape), the four descriptors, the ``ce_forward`` call through ctypes, the
+  outputs' allocation, the label poll, the custom op's dispatch (PyTorch >= 2.4) and the
+  autograd Function around the launch.
+
+On a GPU every timed loop runs while the stream is busy (a ``torch.cuda._sleep`` queued
+first, longer than the loop), so the launches only queue and the wall time is host work
+alone; on the CPU the host kernels run inside the call, on a problem (``--tokens``,
+``--vocab``) small enough that they cost little. Each figure is the median over
+``--repeats`` loops of ``--calls`` calls.
+
+    PYTHONPATH=python /usr/bin/python3 bench/host_overhead.py                 # CPU, here
+    python3 bench/host_overhead.py --device cuda --runtime .dev/lib/libce_runtime.so \\
+        --bundle .dev/bench/bundles/default                                   # the H200
+
+``bench/api_bench.py`` reports the same figures (:func:`measure`) next to its table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+#: Host time targets of issue 16 (H200): forward, forward + backward.
+TARGETS_US = {"forward": 60.0, "fwd+bwd": 250.0}
+
+
+def _per_call_us(torch: Any, cuda: bool, call: Callable[[], Any], calls: int,
+                 repeats: int) -> float:
+    """Median over ``repeats`` loops of host microseconds per ``call``."""
+    for _ in range(10):
+        call()
+    if cuda:
+        torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU time: the launches only queue
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+        if cuda:
+            torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int = 4096,
+            dtype: Any = None, bundle: Optional[str] = None, calls: int = 100,
+            repeats: int = 7, stages: bool = True) -> Dict[str, float]:
+    """Host microseconds per call: the API paths, then (``stages``) a forward's stages."""
+    from cegen import _kernels, _library, _ownership, ops
+
+    cuda = torch.device(device).type == "cuda"
+    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    logits = (torch.randn((tokens, vocab), generator=gen) * 2).to(dtype).to(device)
+    labels = torch.randint(0, vocab, (tokens,), generator=gen).to(device)
+    g = (torch.rand((tokens,), generator=gen) + 0.5).to(device)
+    g2 = g * 1.0
+    x = logits.detach().clone().requires_grad_(True)
+
+    def forward() -> None:
+        with torch.no_grad():
+            cegen.cross_entropy(logits, labels, bundle=bundle)
+
+    def fwd_bwd() -> None:
+        torch.autograd.grad(cegen.cross_entropy(x, labels, bundle=bundle), x, g)
+
+    def fused() -> None:
+        torch.autograd.grad(cegen.cross_entropy(x, labels, grad_weights=g, bundle=bundle), x, g)
+
+    def fused_rescaled() -> None:
+        torch.autograd.grad(cegen.cross_entropy(x, labels, grad_weights=g, bundle=bundle), x, g2)
+
+    result: Dict[str, float] = {}
+    for name, call in (("forward", forward), ("fwd+bwd", fwd_bwd), ("fused", fused),
+                       ("fused, rescaled", fused_rescaled)):
+        result[name] = round(_per_call_us(torch, cuda, call, calls, repeats), 1)
+    if not stages:
+        return result
+
+    args = (None, 0.0, 0.0, "bs", bundle, "error")
+    options = _kernels.kernel_options(*args)
+    where = _kernels._device_of(logits, "logits")
+    loss, lse = _kernels.forward(logits, labels, options)
+    bundle_object, runtime_options = _kernels._launch("forward", logits, labels, options, where)
+    runtime = bundle_object.runtime
+    descs = [_kernels.describe(t, n) for t, n in ((logits, "logits"), (labels, "labels"),
+                                                   (loss, "loss"), (lse, "lse"))]
+    stream = _kernels._stream_at(where)
+    produced = x * 1.0
+    tokens_shape = (tokens,)
+    op = getattr(_library.forward, "op", None)
+
+    def apply_function() -> None:
+        ops._CrossEntropyFunction.apply(x, labels, *args, False)
+
+    steps = {
+        "stage: options (kernel_options, cached)": lambda: _kernels.kernel_options(*args),
+        "stage: input checks (check_inputs)": lambda: _kernels.check_inputs(logits, labels, options),
+        "stage: overwrite ownership check": lambda: _ownership.overwrite_refusal(produced, 2, 0),
+        "stage: kernel lookup (_launch, cached)":
+            lambda: _kernels._launch("forward", logits, labels, options, where),
+        "stage: 4 descriptors (describe)": lambda: [_kernels.describe(t, "t")
+                                                    for t in (logits, labels, loss, lse)],
+        "stage: ce_forward through ctypes": lambda: runtime.forward(
+            bundle_object, runtime_options, *descs, stream),
+        "stage: outputs (2 x torch.empty)": lambda: (
+            torch.empty(tokens_shape, dtype=torch.float32, device=logits.device),
+            torch.empty(tokens_shape, dtype=torch.float32, device=logits.device)),
+        "stage: label poll": lambda: _kernels._poll_labels(logits.device, runtime, where, stream),
+        "stage: _kernels.forward (all of the above but options)":
+            lambda: _kernels.forward(logits, labels, options),
+        "stage: the forward custom op, dispatched (PyTorch >= 2.4)":
+            (lambda: op(logits, labels, *args)) if op is not None else None,
+        "stage: autograd Function apply + forward": apply_function,
+    }
+    for name, call in steps.items():
+        if call is None:
+            result[name] = float("nan")
+            continue
+        result[name] = round(_per_call_us(torch, cuda, call, calls, repeats), 2)
+    return result
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--runtime", default=None, help="libce_runtime.so (default: the build's)")
+    parser.add_argument("--bundle", default=None, help="a bundle directory holding the kernels")
+    parser.add_argument("--tokens", type=int, default=None, help="N (default 64 on a GPU, 8 on the CPU)")
+    parser.add_argument("--vocab", type=int, default=None, help="V (default 4096, 64 on the CPU)")
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    import cegen
+
+    if args.runtime:
+        cegen.set_runtime_library(args.runtime)
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 0
+    if not cuda:
+        torch.set_num_threads(1)
+    tokens = args.tokens or (64 if cuda else 8)
+    vocab = args.vocab or (4096 if cuda else 64)
+    result = measure(torch, cegen, args.device, tokens=tokens, vocab=vocab, bundle=args.bundle,
+                     calls=args.calls, repeats=args.repeats)
+    print(f"cegen host time per call, {tokens}x{vocab} on {args.device}, torch {torch.__version__}, "
+          f"custom ops {cegen.HAS_CUSTOM_OP}; median of {args.repeats} loops of {args.calls} calls")
+    for name, value in result.items():
+        target = TARGETS_US.get(name)
+        note = f"   (target <= {target:.0f} us on the H200)" if target else ""
+        print(f"  {name:58s} {value:9.2f} us{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
