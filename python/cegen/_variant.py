@@ -11,6 +11,8 @@ import dataclasses
 import struct
 from typing import List, Optional, Tuple
 
+from . import _validate
+
 __all__ = ["VariantKey", "format_f32", "to_f32"]
 
 OPS = ("forward", "backward", "fused", "shard_stats")
@@ -50,6 +52,11 @@ class VariantKey:
     shard: Optional[Tuple[int, int, bool]] = None
 
     def __post_init__(self) -> None:
+        # The numbers as the kernels and ce-gen take them (cegen._validate's rules).
+        object.__setattr__(self, "ignore_index", _validate.ignore_index(self.ignore_index))
+        object.__setattr__(self, "label_smoothing", _validate.label_smoothing(self.label_smoothing))
+        object.__setattr__(self, "z_loss", _validate.z_loss(self.z_loss))
+        object.__setattr__(self, "overwrite", _validate.flag("overwrite", self.overwrite))
         for name, allowed in (
             ("op", OPS),
             ("logits", LOGITS_TYPES),
@@ -71,9 +78,12 @@ class VariantKey:
             raise ValueError(f"variant key: op={self.op!r} does not fit shard={self.shard!r} "
                              "(shard_stats needs a shard; only it and backward take one)")
         if self.shard is not None:
-            start, vocab, _ = self.shard
-            if not 0 <= start < vocab:
-                raise ValueError(f"variant key: shard start {start} outside [0, {vocab})")
+            if not isinstance(self.shard, tuple) or len(self.shard) != 3:
+                raise ValueError(f"variant key: shard must be (start, vocab, global_smoothing), "
+                                 f"got {self.shard!r}")
+            start, vocab = _validate.shard_bounds(self.shard[0], self.shard[1])
+            object.__setattr__(self, "shard",
+                               (start, vocab, _validate.flag("global_smoothing", self.shard[2])))
 
     def __str__(self) -> str:
         ignore = "none" if self.ignore_index is None else str(int(self.ignore_index))

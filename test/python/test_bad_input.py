@@ -348,6 +348,19 @@ class TestVariantKeys(unittest.TestCase):
             cegen.VariantKey("forward", "f64", "i64", "flat")
         with self.assertRaises(ValueError):
             cegen.VariantKey("forward", "f32", "i64", "flat", overwrite=True)
+        # The numbers follow cegen._validate's rules, so a key never reaches ce-gen with a
+        # value it would refuse or wrap.
+        for field, value, message in (("ignore_index", 2 ** 64, "ignore_index must be an integer"),
+                                      ("label_smoothing", None, "label_smoothing must be"),
+                                      ("z_loss", 1e39, "z_loss must be a finite"),
+                                      ("overwrite", "no", "overwrite must be True or False")):
+            with self.subTest(field=field):
+                with self.assertRaisesRegex(cegen.InvalidInputError, message):
+                    cegen.VariantKey("backward", "f32", "i64", "flat", **{field: value})
+        with self.assertRaisesRegex(ValueError, "shard start must be an integer in \\[0, 7\\]"):
+            cegen.VariantKey("shard_stats", "f32", "i64", "flat", shard=(8, 8, False))
+        key = cegen.VariantKey("forward", "f32", "i64", "flat", np.int64(-100))
+        self.assertEqual(key, cegen.VariantKey("forward", "f32", "i64", "flat", -100))
 
 
 class TestConfiguration(unittest.TestCase):
