@@ -23,7 +23,8 @@ llvm_config.use_default_substitutions()
 
 tool_dirs = [config.ce_tools_dir, config.llvm_tools_dir]
 llvm_config.add_tool_substitutions(
-    ["ce-opt", "ce-gen", "llvm-readelf", "llvm-objdump", "llvm-nm", "not"],
+    ["ce-opt", "ce-gen", "ce-demo", "llvm-readelf", "llvm-objdump", "llvm-nm",
+     "not"],
     tool_dirs)
 
 # Hardware features: GPU tests need a device and never run in CI.

@@ -7,17 +7,26 @@
 //
 //   ce-demo BUNDLE_DIR [S B V] [seed]
 //
+// Sizes it cannot run are refused with a message and exit status 2 before
+// anything is allocated: S, B and V are whole numbers in [1, 2^31 - 1],
+// S * B at most 2^24 tokens and S * B * V at most 2^30 elements (4 GiB of
+// bf16 logits and gradient, a float64 reference in well under a minute).
+//
 //===----------------------------------------------------------------------===//
 
 #include "ce/runtime/ce_runtime.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -58,25 +67,77 @@ int fail(const char *what, ce_status status) {
   return 1;
 }
 
-} // namespace
+/// The largest S, B and V: each is a tensor dimension of the C API (int64),
+/// kept to what a 32-bit signed index holds so that no product below can wrap.
+constexpr uint64_t kMaxDimension = (uint64_t(1) << 31) - 1;
+/// The most tokens (S * B): labels, loss, lse and upstream gradient take 20
+/// bytes each.
+constexpr uint64_t kMaxTokens = uint64_t(1) << 24;
+/// The most logits (S * B * V): the bf16 logits and gradient take 4 bytes
+/// each, 4 GiB at this limit, and the float64 reference two exp() per element.
+constexpr uint64_t kMaxElements = uint64_t(1) << 30;
 
-int main(int argc, char **argv) {
-  if (argc != 2 && argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: ce-demo BUNDLE_DIR [S B V] [seed]\n");
-    return 2;
+const char *const kUsage = "usage: ce-demo BUNDLE_DIR [S B V] [seed]\n";
+
+void printHelp() {
+  std::printf(
+      "%s\n"
+      "Runs one forward and one backward of a host kernel bundle made by\n"
+      "ce-gen on random bf16 logits [S, B, V] with int64 labels [B, S]\n"
+      "(Megatron's layout), and compares loss and gradient with a float64\n"
+      "reference. The bundle needs the forward and backward kernels for\n"
+      "--logits=bf16 --labels=i64 --layout=sbv_bs, e.g.\n"
+      "  ce-gen --target=host --op=forward,backward --logits=bf16 \\\n"
+      "      --labels=i64 --layout=sbv_bs -o BUNDLE_DIR\n"
+      "\n"
+      "  BUNDLE_DIR  the bundle directory\n"
+      "  S B V       sequence length, batch size, vocabulary size (default\n"
+      "              16 4 32000): whole numbers in [1, %llu], with\n"
+      "              S*B at most %llu tokens and S*B*V at most %llu elements\n"
+      "  seed        random seed in [0, %llu] (default: a random one)\n"
+      "  -h, --help  print this help and exit\n"
+      "\n"
+      "Exit status: 0 when loss and gradient match the reference, 1 on a\n"
+      "mismatch or a runtime error, 2 for bad arguments.\n",
+      kUsage, (unsigned long long)kMaxDimension, (unsigned long long)kMaxTokens,
+      (unsigned long long)kMaxElements, (unsigned long long)UINT64_MAX);
+}
+
+/// Parses all of `text` as a decimal number in [min, max]: digits only, so
+/// "3.5", "5abc", "-1", " 7" and "" are refused rather than read as a prefix.
+bool parseWhole(const char *name, const char *text, uint64_t min, uint64_t max,
+                uint64_t &value) {
+  bool digits = *text != '\0';
+  for (const char *c = text; *c; ++c)
+    digits = digits && *c >= '0' && *c <= '9';
+  if (digits) {
+    errno = 0;
+    unsigned long long parsed = std::strtoull(text, nullptr, 10);
+    if (errno == 0 && parsed >= min && parsed <= max) {
+      value = parsed;
+      return true;
+    }
   }
-  int64_t S = argc >= 5 ? std::atoll(argv[2]) : 16;
-  int64_t B = argc >= 5 ? std::atoll(argv[3]) : 4;
-  int64_t V = argc >= 5 ? std::atoll(argv[4]) : 32000;
-  unsigned seed = argc == 6 ? static_cast<unsigned>(std::atoll(argv[5]))
-                            : std::random_device{}();
-  if (S <= 0 || B <= 0 || V <= 0) {
-    std::fprintf(stderr, "ce-demo: S, B and V must be positive\n");
-    return 2;
-  }
+  std::fprintf(stderr,
+               "ce-demo: %s must be a whole number in [%llu, %llu], got '%s'\n",
+               name, (unsigned long long)min, (unsigned long long)max, text);
+  return false;
+}
+
+/// Runs the forward and the backward on random data and checks them against
+/// a float64 reference; the sizes have been checked against the limits.
+int run(const char *bundleDir, int64_t S, int64_t B, int64_t V, uint64_t seed) {
   std::printf("ce-demo: logits [S=%lld, B=%lld, V=%lld] bf16, labels [B, S] "
-              "i64, seed %u\n",
-              (long long)S, (long long)B, (long long)V, seed);
+              "i64, seed %llu\n",
+              (long long)S, (long long)B, (long long)V,
+              (unsigned long long)seed);
+
+  // The bundle first: a wrong directory is reported before any allocation.
+  ce_bundle *bundle = nullptr;
+  if (ce_status status = ce_bundle_open(bundleDir, &bundle))
+    return fail("opening the bundle", status);
+  std::unique_ptr<ce_bundle, void (*)(ce_bundle *)> openBundle(bundle,
+                                                               ce_bundle_close);
 
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 2.0f);
@@ -94,28 +155,25 @@ int main(int argc, char **argv) {
   std::vector<float> loss(B * S, NAN), lse(B * S, NAN);
   std::vector<uint16_t> grad(S * B * V, 0xffff);
 
-  ce_bundle *bundle = nullptr;
-  if (ce_status status = ce_bundle_open(argv[1], &bundle))
-    return fail("opening the bundle", status);
   ce_options options;
   ce_options_init(&options);
   options.label_layout = CE_LABELS_BS;
-  ce_tensor logitsT = makeTensor(logits.data(), CE_DTYPE_BF16, {S, B, V},
-                                 {B * V, V, 1});
+  ce_tensor logitsT =
+      makeTensor(logits.data(), CE_DTYPE_BF16, {S, B, V}, {B * V, V, 1});
   ce_tensor labelsT = makeTensor(labels.data(), CE_DTYPE_I64, {B, S}, {S, 1});
   ce_tensor lossT = makeTensor(loss.data(), CE_DTYPE_F32, {B, S}, {S, 1});
   ce_tensor lseT = makeTensor(lse.data(), CE_DTYPE_F32, {B, S}, {S, 1});
   ce_tensor gradLossT =
       makeTensor(gradLoss.data(), CE_DTYPE_F32, {B, S}, {S, 1});
-  ce_tensor gradT = makeTensor(grad.data(), CE_DTYPE_BF16, {S, B, V},
-                               {B * V, V, 1});
+  ce_tensor gradT =
+      makeTensor(grad.data(), CE_DTYPE_BF16, {S, B, V}, {B * V, V, 1});
   if (ce_status status = ce_forward(bundle, &options, &logitsT, &labelsT,
                                     &lossT, &lseT, nullptr))
     return fail("forward", status);
   if (ce_status status = ce_backward(bundle, &options, &logitsT, &labelsT,
                                      &lseT, &gradLossT, &gradT, nullptr))
     return fail("backward", status);
-  ce_bundle_close(bundle);
+  openBundle.reset(); // closes it
 
   // float64 reference, per token.
   double meanLoss = 0, lossError = 0, gradError = 0, maxGrad = 0;
@@ -151,7 +209,79 @@ int main(int argc, char **argv) {
   std::printf("ce-demo: max |grad - float64 reference| = %.3g (largest "
               "|grad| %.3g; bf16 spacing there %.3g)\n",
               gradError, maxGrad, std::ldexp(1.0, std::ilogb(maxGrad) - 7));
-  bool ok = lossError <= 1e-4 && gradError <= std::ldexp(1.0, std::ilogb(maxGrad) - 7);
+  bool ok = lossError <= 1e-4 &&
+            gradError <= std::ldexp(1.0, std::ilogb(maxGrad) - 7);
   std::printf("ce-demo: %s\n", ok ? "OK" : "MISMATCH");
   return ok ? 0 : 1;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  // Options first; "--" ends them, so a bundle directory may start with '-'.
+  std::vector<const char *> positional;
+  bool optionsDone = false;
+  for (int i = 1; i < argc; ++i) {
+    const char *arg = argv[i];
+    if (!optionsDone &&
+        (!std::strcmp(arg, "-h") || !std::strcmp(arg, "--help"))) {
+      printHelp();
+      return 0;
+    }
+    if (!optionsDone && !std::strcmp(arg, "--")) {
+      optionsDone = true;
+      continue;
+    }
+    // A dash in a size's place is a bad size (reported below), not an option.
+    if (!optionsDone && positional.empty() && arg[0] == '-') {
+      std::fprintf(stderr,
+                   "ce-demo: unknown option '%s' (see ce-demo --help)\n%s", arg,
+                   kUsage);
+      return 2;
+    }
+    positional.push_back(arg);
+  }
+  size_t count = positional.size();
+  if (count != 1 && count != 4 && count != 5) {
+    std::fprintf(stderr, "%s(see ce-demo --help)\n", kUsage);
+    return 2;
+  }
+  uint64_t S = 16, B = 4, V = 32000;
+  if (count >= 4 && !(parseWhole("S", positional[1], 1, kMaxDimension, S) &&
+                      parseWhole("B", positional[2], 1, kMaxDimension, B) &&
+                      parseWhole("V", positional[3], 1, kMaxDimension, V)))
+    return 2;
+  uint64_t seed = std::random_device{}();
+  if (count == 5 && !parseWhole("seed", positional[4], 0, UINT64_MAX, seed))
+    return 2;
+  // S, B < 2^31, so S * B cannot wrap; with S * B <= 2^24 neither can S*B*V.
+  uint64_t tokens = S * B;
+  if (tokens > kMaxTokens) {
+    std::fprintf(stderr,
+                 "ce-demo: S * B = %llu tokens is more than ce-demo runs; "
+                 "S * B must be in [1, %llu]\n",
+                 (unsigned long long)tokens, (unsigned long long)kMaxTokens);
+    return 2;
+  }
+  uint64_t elements = tokens * V;
+  if (elements > kMaxElements) {
+    std::fprintf(stderr,
+                 "ce-demo: S * B * V = %llu logits is more than ce-demo runs; "
+                 "S * B * V must be in [1, %llu] (4 GiB of bf16 logits and "
+                 "gradient)\n",
+                 (unsigned long long)elements,
+                 (unsigned long long)kMaxElements);
+    return 2;
+  }
+  try {
+    return run(positional[0], int64_t(S), int64_t(B), int64_t(V), seed);
+  } catch (const std::bad_alloc &) {
+    std::fprintf(stderr,
+                 "ce-demo: out of memory: [S=%llu, B=%llu, V=%llu] needs %llu "
+                 "MiB; try smaller sizes\n",
+                 (unsigned long long)S, (unsigned long long)B,
+                 (unsigned long long)V,
+                 (unsigned long long)((elements * 4 + tokens * 20) >> 20));
+    return 1;
+  }
 }
