@@ -59,8 +59,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 LLVM = Path("/usr/lib/llvm-22/bin")
 # the benchmark's bundle (docs/perf-log/2026-11-29-2214-run1.md), for the three AMD chips
@@ -135,6 +133,8 @@ def run(cmd: List[str], stdin: Optional[str] = None) -> subprocess.CompletedProc
 
 
 def notes(hsaco: Path) -> Dict[str, dict]:
+    import yaml  # Debian's python3-yaml; only the code-object reading needs it
+
     text = run([str(LLVM / "llvm-readelf"), "--notes", str(hsaco)]).stdout
     body = text[text.index("---"):]
     body = body[:body.index("\n...") + 4] if "\n..." in body else body
@@ -181,6 +181,8 @@ def natural_loops(insns: List[Insn], conditional, unconditional, final) -> List[
     without passing h. Blocks the compiler placed out of line (after the loop, branching back into
     it) belong to the loop this way, as they should: they run in every iteration that takes them.
     """
+    if not insns:
+        return []
     index = {i.addr: n for n, i in enumerate(insns)}
     leaders = {0}
     for n, i in enumerate(insns):
@@ -210,27 +212,32 @@ def natural_loops(insns: List[Insn], conditional, unconditional, final) -> List[
     for b, out in enumerate(succ):
         for t in out:
             pred[t].append(b)
-    # dominators (iterative; the entry is block 0)
-    every = set(range(len(blocks)))
-    dom = [every.copy() for _ in blocks]
+    # dominators (iterative; the entry is block 0), over the blocks reachable from the entry
+    # (padding after the last s_endpgm, say, is not)
+    reached, stack = {0}, [0]
+    while stack:
+        for t in succ[stack.pop()]:
+            if t not in reached:
+                reached.add(t)
+                stack.append(t)
+    dom = [set(reached) for _ in blocks]
     dom[0] = {0}
     changed = True
     while changed:
         changed = False
-        for b in range(1, len(blocks)):
-            new = set.intersection(*(dom[p] for p in pred[b])) if pred[b] else set()
-            new = new | {b}
+        for b in sorted(reached - {0}):
+            new = set.intersection(*(dom[p] for p in pred[b] if p in reached)) | {b}
             if new != dom[b]:
                 dom[b], changed = new, True
     bodies: Dict[int, set] = {}
     for u, out in enumerate(succ):
         for h in out:
-            if h in dom[u]:
+            if u in reached and h in dom[u]:
                 body = bodies.setdefault(h, {h})
                 stack = [u]
                 while stack:
                     x = stack.pop()
-                    if x not in body:
+                    if x not in body and x in reached:
                         body.add(x)
                         stack.extend(pred[x])
     loops = []
