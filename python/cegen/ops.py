@@ -105,16 +105,20 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        if ctx.used:
-            raise CegenError(
-                "fused cross_entropy: backward ran twice over one forward (retain_graph=True); "
-                "the gradient was computed once in the forward and is handed out once"
-            )
-        ctx.used = True
         grad, weights = ctx.saved_tensors
-        if not upstream_is_weights(grad_loss, weights):
-            _library.rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
-        return grad, None, None, None, None, None, None, None, None, None
+        nones = (None,) * 9
+        if not is_compiling():  # eager checks; a traced backward has no side effects
+            if ctx.used:
+                raise CegenError(
+                    "fused cross_entropy: backward ran twice over one forward "
+                    "(retain_graph=True); the gradient was computed once in the forward and "
+                    "is handed out once"
+                )
+            ctx.used = True
+            if upstream_is_weights(grad_loss, weights):
+                return (grad,) + nones
+        _library.rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
+        return (grad,) + nones
 
 
 def _checked_weights(grad_weights: GradWeights) -> Union[None, float, torch.Tensor]:
@@ -159,6 +163,10 @@ def cross_entropy_vouched(
     integration's entry point, and ``vouched_refs`` the references the integration knows
     its caller holds and never reads again (see ``cegen._ownership``).
     """
+    if is_compiling():
+        return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
+                                     overwrite_input, label_layout, grad_weights, bundle,
+                                     label_out_of_range)
     # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
     options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
                              bundle if bundle is None or type(bundle) is str
@@ -176,6 +184,36 @@ def cross_entropy_vouched(
         loss, _ = _library.forward(logits, labels, *_op_args(options))
         return loss
     loss, _ = _CrossEntropyFunction.apply(logits, labels, *_op_args(options), overwrite)
+    return loss
+
+
+def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: Any,
+                          label_smoothing: Any, z_loss: Any, overwrite_input: Any,
+                          label_layout: Any, grad_weights: GradWeights, bundle: BundleArg,
+                          label_out_of_range: Any) -> torch.Tensor:
+    """What torch.compile traces: the autograd Functions over the custom ops, nothing else.
+
+    No Python-side checks or caches here (dynamo would have to trace them; it graph-breaks
+    on some): the custom ops' implementations make every check when the compiled graph
+    runs them, and their fake implementations check the shapes while tracing. Overwrite
+    is refused (the traced tensors are not the ones that run)."""
+    if overwrite_input:
+        grant_overwrite(logits, True, 0, 0, stacklevel=4)  # warns why it is refused
+    if bundle is not None and not isinstance(bundle, str):
+        bundle = _validate.bundle(bundle)
+    op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
+               label_out_of_range)
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        loss, _ = _library.forward(logits, labels, *op_args)
+        return loss
+    if grad_weights is not None:
+        if isinstance(grad_weights, torch.Tensor):
+            weights = grad_weights.detach()
+        else:
+            weights = torch.full((), float(grad_weights), dtype=torch.float32,
+                                 device=logits.device)
+        return _FusedCrossEntropyFunction.apply(logits, labels, weights, *op_args, False)
+    loss, _ = _CrossEntropyFunction.apply(logits, labels, *op_args, False)
     return loss
 
 

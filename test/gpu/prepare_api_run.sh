@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds, on this machine (which has ce-gen), what test/gpu/test_graphs_compile.py and
+# bench/api_bench.py need on a GPU machine without LLVM, under .dev/ (git-ignored):
+#   .dev/lib/libce_runtime.so   the runtime (test/gpu/build_device_runtime.sh)
+#   .dev/api/bundles/api        sm_90 forward/backward/fused, bf16 logits, int64 labels,
+#                               [N,V] and [S,B,V] (Megatron's), ignore_index none and -100,
+#                               overwrite 0/1, scalar and per-token weights
+#   .dev/api/bundles/shard      shard_stats + backward of a one-rank slice of V = 32000
+#   .dev/peers                  flash-attention's and Liger's cross-entropy sources, copied
+#                               from .dev/peers-amd when that holds them (bench/peers.py's
+#                               layout; docs/PERFORMANCE.md says how to fetch them otherwise)
+# Then, on the GPU machine (the `run` tool carrying .dev/lib, .dev/api, .dev/peers):
+#   python3 test/gpu/test_graphs_compile.py --runtime .dev/lib/libce_runtime.so \
+#     --bundles .dev/api/bundles/api .dev/api/bundles/shard --out $OUT/graphs
+#   python3 bench/api_bench.py --runtime .dev/lib/libce_runtime.so \
+#     --bundle .dev/api/bundles/api --peers .dev/peers --out $OUT/api
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CE_GEN=${CE_GEN:-build/bin/ce-gen}
+test/gpu/build_device_runtime.sh .dev/lib
+rm -rf .dev/api/bundles
+mkdir -p .dev/api/bundles
+common=(--target=sm_90 --logits=bf16 --labels=i64 --label-smoothing=0 --z-loss=0)
+"$CE_GEN" "${common[@]}" -o .dev/api/bundles/api --op=forward,backward,fused \
+  --layout=flat,sbv_bs --ignore-index=none,-100 --overwrite=0,1 --weights=scalar,token
+"$CE_GEN" "${common[@]}" -o .dev/api/bundles/shard --op=shard_stats,backward \
+  --layout=flat --ignore-index=none --overwrite=0,1 --shard=0/32000/local
+if [ ! -d .dev/peers ] && [ -d .dev/peers-amd/flash_attn ] && [ -d .dev/peers-amd/liger_kernel ]; then
+  mkdir -p .dev/peers
+  cp -r .dev/peers-amd/flash_attn .dev/peers-amd/liger_kernel .dev/peers/
+  [ -f .dev/peers-amd/SOURCES.md ] && cp .dev/peers-amd/SOURCES.md .dev/peers/
+fi
+echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
+du -sh .dev/lib .dev/api/bundles/* .dev/peers 2>/dev/null || true
