@@ -65,7 +65,8 @@ def _per_call_us(torch: Any, cuda: bool, call: Callable[[], Any], calls: int,
 
 def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int = 4096,
             dtype: Any = None, bundle: Optional[str] = None, calls: int = 100,
-            repeats: int = 7, stages: bool = True) -> Dict[str, float]:
+            repeats: int = 7, stages: bool = True,
+            ignore_index: Optional[int] = None) -> Dict[str, float]:
     """Host microseconds per call: the API paths, then (``stages``) a forward's stages."""
     from cegen import _kernels, _library, _ownership, ops
 
@@ -78,18 +79,21 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
     g2 = g * 1.0
     x = logits.detach().clone().requires_grad_(True)
 
+    ce = cegen.cross_entropy
+    kw = {"bundle": bundle, "ignore_index": ignore_index}
+
     def forward() -> None:
         with torch.no_grad():
-            cegen.cross_entropy(logits, labels, bundle=bundle)
+            ce(logits, labels, **kw)
 
     def fwd_bwd() -> None:
-        torch.autograd.grad(cegen.cross_entropy(x, labels, bundle=bundle), x, g)
+        torch.autograd.grad(ce(x, labels, **kw), x, g)
 
     def fused() -> None:
-        torch.autograd.grad(cegen.cross_entropy(x, labels, grad_weights=g, bundle=bundle), x, g)
+        torch.autograd.grad(ce(x, labels, grad_weights=g, **kw), x, g)
 
     def fused_rescaled() -> None:
-        torch.autograd.grad(cegen.cross_entropy(x, labels, grad_weights=g, bundle=bundle), x, g2)
+        torch.autograd.grad(ce(x, labels, grad_weights=g, **kw), x, g2)
 
     result: Dict[str, float] = {}
     for name, call in (("forward", forward), ("fwd+bwd", fwd_bwd), ("fused", fused),
@@ -98,7 +102,7 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
     if not stages:
         return result
 
-    args = (None, 0.0, 0.0, "bs", bundle, "error")
+    args = (ignore_index, 0.0, 0.0, "bs", bundle, "error")
     options = _kernels.kernel_options(*args)
     where = _kernels._device_of(logits, "logits")
     loss, lse = _kernels.forward(logits, labels, options)
@@ -149,6 +153,9 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--bundle", default=None, help="a bundle directory holding the kernels")
     parser.add_argument("--tokens", type=int, default=None, help="N (default 64 on a GPU, 8 on the CPU)")
     parser.add_argument("--vocab", type=int, default=None, help="V (default 4096, 64 on the CPU)")
+    parser.add_argument("--dtype", choices=("bf16", "f32"), default=None,
+                        help="logits dtype (default bf16 on a GPU, f32 on the CPU)")
+    parser.add_argument("--ignore-index", type=int, default=None)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
@@ -167,8 +174,10 @@ def main(argv: Optional[list] = None) -> int:
         torch.set_num_threads(1)
     tokens = args.tokens or (64 if cuda else 8)
     vocab = args.vocab or (4096 if cuda else 64)
+    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}.get(args.dtype or "")
     result = measure(torch, cegen, args.device, tokens=tokens, vocab=vocab, bundle=args.bundle,
-                     calls=args.calls, repeats=args.repeats)
+                     calls=args.calls, repeats=args.repeats, dtype=dtype,
+                     ignore_index=args.ignore_index)
     print(f"cegen host time per call, {tokens}x{vocab} on {args.device}, torch {torch.__version__}, "
           f"custom ops {cegen.HAS_CUSTOM_OP}; median of {args.repeats} loops of {args.calls} calls")
     for name, value in result.items():
