@@ -190,8 +190,8 @@ class _FileLock:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             except OSError as error:
-                _warn_once(f"cannot create the lock file {path} ({error}); the kernel cache "
-                           "runs without cross-process locks")
+                _warn_once(f"cannot create lock files in {path.parent} ({error.strerror}); "
+                           "the kernel cache runs without cross-process locks there")
                 return cls(None)
             try:
                 fcntl.flock(fd, mode)
@@ -199,8 +199,8 @@ class _FileLock:
                 os.close(fd)
                 if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) and not blocking:
                     return None
-                _warn_once(f"cannot lock {path} ({error}); the kernel cache runs without "
-                           "cross-process locks")
+                _warn_once(f"cannot lock files in {path.parent} ({error.strerror}); the "
+                           "kernel cache runs without cross-process locks there")
                 return cls(None)
             try:
                 same = os.path.samestat(os.fstat(fd), os.stat(path))
