@@ -8,7 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ce/Codegen/BundleWriter.h"
-#include "ce/runtime/ce_runtime.h"
+#include "ce/runtime/BundleAbi.h"
 
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/JSON.h"
@@ -19,7 +19,7 @@ using namespace mlir;
 using namespace mlir::ce;
 
 /// The manifest's `launch` object of `kernel` (zeros on the host).
-static llvm::json::Object launchOf(const KernelInfo &kernel) {
+static llvm::json::Object launchOf(const EmittedKernel &kernel) {
   llvm::json::Object launch{{"block_size", kernel.blockSize},
                             {"rows_per_block", kernel.blockSize ? 1 : 0},
                             {"lds_bytes", kernel.ldsBytes}};
@@ -49,9 +49,6 @@ LogicalResult mlir::ce::hashObjectFiles(StringRef directory,
   return success();
 }
 
-/// The key of the manifest's own hash; the runtime's kManifestSealKey.
-static constexpr llvm::StringLiteral kSealKey = "manifest_sha256";
-
 void mlir::ce::writeManifest(llvm::raw_ostream &os,
                              ArrayRef<BundleObject> objects) {
   llvm::json::Array objectList;
@@ -62,11 +59,12 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
                                             {"target", object.target},
                                             {"kind", object.kind},
                                             {"sha256", object.sha256}});
-    for (const KernelInfo &kernel : object.kernels) {
+    for (const EmittedKernel &kernel : object.kernels) {
       llvm::json::Array args;
-      for (const KernelArg &arg : kernel.args)
-        args.push_back(llvm::json::Object{
-            {"role", arg.role}, {"rank", arg.rank}, {"dtype", arg.dtype}});
+      for (const EmittedArg &arg : kernel.args)
+        args.push_back(llvm::json::Object{{"role", ::ce::stringify(arg.role)},
+                                          {"rank", arg.rank},
+                                          {"dtype", ::ce::stringify(arg.dtype)}});
       kernelList.push_back(llvm::json::Object{
           {"key", kernel.key.str()},
           {"target", object.target},
@@ -80,16 +78,17 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
   // The seal is written as zeros, the text hashed, and the zeros replaced
   // by the hash: the runtime hashes the text with them zeroed again.
   std::string zeros(64, '0');
-  llvm::json::Object manifest{{"format", "cegen-bundle"},
-                              {"version", CE_RUNTIME_BUNDLE_VERSION},
+  llvm::StringRef sealKey = ::ce::kManifestSealKey;
+  llvm::json::Object manifest{{"format", ::ce::kBundleFormatName},
+                              {"version", ::ce::kBundleFormatVersion},
                               {"generator", "ce-gen 0.1.0"},
                               {"objects", std::move(objectList)},
                               {"kernels", std::move(kernelList)},
-                              {kSealKey, zeros}};
+                              {sealKey, zeros}};
   std::string text =
       llvm::formatv("{0:2}", llvm::json::Value(std::move(manifest))).str() +
       "\n";
-  std::string placeholder = ("\"" + kSealKey + "\": \"" + zeros + "\"").str();
+  std::string placeholder = ("\"" + sealKey + "\": \"" + zeros + "\"").str();
   size_t at = text.find(placeholder);
   assert(at != std::string::npos && "the seal is written as a plain string");
   text.replace(at + placeholder.size() - 65, 64, sha256Hex(text));

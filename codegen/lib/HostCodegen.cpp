@@ -1,19 +1,21 @@
-//===- HostCodegen.cpp - LLVM IR to a host shared object ------------------===//
+//===- HostCodegen.cpp - The host target machine and LLVM IR --------------===//
+//
+// The x86-64 target machine for host kernels and the translation of the
+// LLVM dialect to an optimized LLVM module (MachineCode.cpp emits and
+// links it).
+//
+//===----------------------------------------------------------------------===//
 
 #include "ce/Codegen/HostCodegen.h"
 
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Export.h"
-#include "llvm/IR/LegacyPassManager.h"
 #include "llvm/MC/MCSubtargetInfo.h"
 #include "llvm/MC/TargetRegistry.h"
-#include "llvm/Support/FileSystem.h"
-#include "llvm/Support/Program.h"
 #include "llvm/Support/TargetSelect.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/TargetParser/Host.h"
 #include "llvm/TargetParser/Triple.h"
-#include "llvm/Transforms/Utils/Cloning.h"
 
 using namespace mlir;
 using namespace mlir::ce;
@@ -73,46 +75,4 @@ mlir::ce::translateAndOptimize(ModuleOp module, llvm::LLVMContext &context,
     return nullptr;
   }
   return llvmModule;
-}
-
-LogicalResult mlir::ce::emitMachineCode(llvm::Module &module,
-                                        llvm::TargetMachine &machine,
-                                        bool asObject, std::string &out,
-                                        std::string &error) {
-  llvm::SmallString<0> buffer;
-  llvm::raw_svector_ostream stream(buffer);
-  // Codegen rewrites the IR it runs on (AMDGPU's structurizer inserts
-  // llvm.amdgcn.if, for one), so each emission gets its own copy.
-  std::unique_ptr<llvm::Module> copy = llvm::CloneModule(module);
-  llvm::legacy::PassManager passes;
-  if (machine.addPassesToEmitFile(passes, stream, nullptr,
-                                  asObject ? llvm::CodeGenFileType::ObjectFile
-                                           : llvm::CodeGenFileType::AssemblyFile)) {
-    error = "the target machine cannot emit this file type";
-    return failure();
-  }
-  passes.run(*copy);
-  out.assign(buffer.begin(), buffer.end());
-  return success();
-}
-
-LogicalResult mlir::ce::linkSharedObject(StringRef ldLld, StringRef objectPath,
-                                         StringRef outputPath,
-                                         std::string &error,
-                                         bool hostLibraries) {
-  SmallVector<StringRef> args = {ldLld, "-shared", "-o", outputPath,
-                                 objectPath};
-  // libm for the transcendental calls LLVM may leave; the dependency is
-  // recorded so dlopen resolves it in any process.
-  if (hostLibraries)
-    args.append({"--as-needed", "-L/lib/x86_64-linux-gnu",
-                 "-L/usr/lib/x86_64-linux-gnu", "-lm"});
-  int status = llvm::sys::ExecuteAndWait(ldLld, args, std::nullopt, {}, 0, 0,
-                                         &error);
-  if (status != 0) {
-    if (error.empty())
-      error = "ld.lld exited with status " + std::to_string(status);
-    return failure();
-  }
-  return success();
 }

@@ -13,6 +13,7 @@ using ::ce::KernelOp;
 using ::ce::KernelVariantKey;
 using ::ce::LabelLayout;
 using ::ce::WeightsKind;
+using ::ce::ArgRole;
 
 static_assert(static_cast<int64_t>(kFlagMegatronLabels) ==
                   static_cast<int64_t>(::ce::kFlagMegatronLabels),
@@ -86,46 +87,34 @@ static MemRefType stridedMemRef(int64_t rank, Type element,
   return MemRefType::get(shape, element, layout, memorySpace);
 }
 
-/// The kernel's argument types, in the bundle ABI's order.
+/// The type of an argument of `shape` in `memorySpace`: logits-like
+/// memrefs have a unit inner stride, a rank-0 integer is passed by value.
+static Type argType(Builder &b, ::ce::ArgRole role, ::ce::ArgShape shape,
+                    Attribute memorySpace) {
+  Type element = toMlirType(b, shape.dtype);
+  switch (role) {
+  case ::ce::ArgRole::Flags:
+    return element;
+  case ::ce::ArgRole::Status:
+    return MemRefType::get({1}, element, MemRefLayoutAttrInterface(),
+                           memorySpace);
+  case ::ce::ArgRole::Logits:
+  case ::ce::ArgRole::Grad:
+    return stridedMemRef(shape.rank, element, true, memorySpace);
+  default:
+    return stridedMemRef(shape.rank, element, false, memorySpace);
+  }
+}
+
+/// The kernel's argument types: the bundle ABI's roles, then the flags.
 static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
                                         Attribute memorySpace) {
-  bool flat = key.layout == LabelLayout::Flat;
-  int64_t tokenRank = flat ? 1 : 2;
-  MemRefType logitsType = stridedMemRef(
-      tokenRank + 1, toMlirType(b, key.logits), true, memorySpace);
-  MemRefType labelsType =
-      stridedMemRef(tokenRank, toMlirType(b, key.labels), false, memorySpace);
-  MemRefType tokenType =
-      stridedMemRef(tokenRank, b.getF32Type(), false, memorySpace);
-  MemRefType statusType = MemRefType::get({1}, b.getI64Type(),
-                                          MemRefLayoutAttrInterface(),
-                                          memorySpace);
-  SmallVector<Type> argTypes = {logitsType, labelsType};
-  switch (key.op) {
-  case KernelOp::Forward:
-    argTypes.append({tokenType, tokenType});
-    break;
-  case KernelOp::ShardStats:
+  std::vector<::ce::ArgRole> roles = ::ce::expectedRoles(key);
+  roles.push_back(::ce::ArgRole::Flags);
+  SmallVector<Type> argTypes;
+  for (::ce::ArgRole role : roles)
     argTypes.push_back(
-        stridedMemRef(tokenRank + 1, b.getF32Type(), false, memorySpace));
-    break;
-  case KernelOp::Backward:
-    argTypes.append({tokenType, tokenType});
-    if (!key.overwrite)
-      argTypes.push_back(logitsType);
-    break;
-  case KernelOp::Fused:
-    argTypes.push_back(
-        key.weights == WeightsKind::Scalar
-            ? stridedMemRef(0, b.getF32Type(), false, memorySpace)
-            : tokenType);
-    argTypes.append({tokenType, tokenType});
-    if (!key.overwrite)
-      argTypes.push_back(logitsType);
-    break;
-  }
-  argTypes.push_back(statusType);
-  argTypes.push_back(b.getI64Type()); // flags, passed by value
+        argType(b, role, ::ce::expectedArg(key, role), memorySpace));
   return argTypes;
 }
 
@@ -166,6 +155,12 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   }
 }
 
+std::string mlir::ce::kernelSymbol(const KernelVariantKey &key,
+                                   size_t index) {
+  return "ce_" + std::string(::ce::stringify(key.op)) + "_" +
+         std::to_string(index);
+}
+
 func::FuncOp mlir::ce::buildKernel(ModuleOp module, StringRef name,
                                    const KernelVariantKey &key) {
   OpBuilder b = OpBuilder::atBlockEnd(module.getBody());
@@ -204,21 +199,22 @@ public:
   explicit RoleMap(FunctionOpInterface func)
       : func(func), roles(func.getNumArguments()) {}
 
-  LogicalResult add(StringRef role, Value value) {
+  LogicalResult add(::ce::ArgRole role, Value value) {
     auto arg = dyn_cast<BlockArgument>(value);
     if (!arg || arg.getOwner() != &func.getFunctionBody().front())
       return func.emitError("operand '")
-             << role << "' of the ce op must be a function argument";
-    std::string &slot = roles[arg.getArgNumber()];
-    if (slot.empty())
-      slot = role.str();
+             << ::ce::stringify(role)
+             << "' of the ce op must be a function argument";
+    std::optional<::ce::ArgRole> &slot = roles[arg.getArgNumber()];
+    if (!slot)
+      slot = role;
     return success();
   }
 
-  FailureOr<std::vector<KernelArg>> finish() {
-    std::vector<KernelArg> args;
+  FailureOr<std::vector<EmittedArg>> finish() {
+    std::vector<EmittedArg> args;
     for (auto [i, role] : llvm::enumerate(roles)) {
-      if (role.empty())
+      if (!role)
         return func.emitError("argument #")
                << i << " does not feed the ce op directly";
       Type type = func.getArgumentTypes()[i];
@@ -228,19 +224,18 @@ public:
       FailureOr<ElemType> element = fromMlirType(elementType);
       if (failed(element))
         return func.emitError("unsupported element type ") << elementType;
-      args.push_back(
-          {role, memref ? memref.getRank() : 0, ::ce::stringify(*element)});
+      args.push_back({*role, memref ? memref.getRank() : 0, *element});
     }
     return args;
   }
 
 private:
   FunctionOpInterface func;
-  std::vector<std::string> roles;
+  std::vector<std::optional<::ce::ArgRole>> roles;
 };
 } // namespace
 
-FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
+FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
   SmallVector<Operation *> ceOps;
   func.walk([&](Operation *op) {
     if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
@@ -250,7 +245,7 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
     return func.emitError("a kernel function must hold exactly one ce op, "
                           "found ")
            << ceOps.size();
-  KernelInfo info;
+  EmittedKernel info;
   info.name = func.getName().str();
   info.symbol = "_mlir_ciface_" + info.name;
   KernelVariantKey &key = info.key;
@@ -269,37 +264,37 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
       key.ignoreIndex = ignore.getInt();
     key.labelSmoothing = op.getLabelSmoothing().convertToFloat();
     key.zLoss = op.getZLoss().convertToFloat();
-    if (failed(roles.add("logits", op.getLogits())) ||
-        failed(roles.add("labels", op.getLabels())))
+    if (failed(roles.add(ArgRole::Logits, op.getLogits())) ||
+        failed(roles.add(ArgRole::Labels, op.getLabels())))
       return failure();
     return success();
   };
   // Optional: a kernel without run-time flags serves requests with none.
   auto addFlags = [&](auto op) -> LogicalResult {
-    return op.getFlags() ? roles.add("flags", op.getFlags()) : success();
+    return op.getFlags() ? roles.add(ArgRole::Flags, op.getFlags()) : success();
   };
   LogicalResult result = success();
   if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
     key.op = KernelOp::Forward;
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add("loss", op.getLoss())) &&
-        succeeded(roles.add("lse", op.getLse())) &&
-        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
+        succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
         succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add("stats", op.getStats())) &&
-        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())) &&
+        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
         succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;
     key.overwrite = op.getOverwriteInput();
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add("lse", op.getLse())) &&
-        succeeded(roles.add("grad_loss", op.getGradLoss())) &&
-        succeeded(roles.add("grad", op.getGrad())) &&
-        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(roles.add(ArgRole::GradLoss, op.getGradLoss())) &&
+        succeeded(roles.add(ArgRole::Grad, op.getGrad())) &&
+        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
         succeeded(addFlags(op)));
   } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
     key.op = KernelOp::Fused;
@@ -309,16 +304,16 @@ FailureOr<KernelInfo> mlir::ce::describeKernel(FunctionOpInterface func) {
                       : WeightsKind::Token;
     result = LogicalResult::success(
         succeeded(common(op)) &&
-        succeeded(roles.add("weights", op.getWeights())) &&
-        succeeded(roles.add("loss", op.getLoss())) &&
-        succeeded(roles.add("lse", op.getLse())) &&
-        succeeded(roles.add("grad", op.getGrad())) &&
-        succeeded(roles.add("status", op.getStatus())) &&
+        succeeded(roles.add(ArgRole::Weights, op.getWeights())) &&
+        succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
+        succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(roles.add(ArgRole::Grad, op.getGrad())) &&
+        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
         succeeded(addFlags(op)));
   }
   if (failed(result))
     return failure();
-  FailureOr<std::vector<KernelArg>> args = roles.finish();
+  FailureOr<std::vector<EmittedArg>> args = roles.finish();
   if (failed(args))
     return failure();
   info.args = std::move(*args);

@@ -26,6 +26,24 @@ LogicalResult ShardAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   return success();
 }
 
+LogicalResult TuningAttr::verify(function_ref<InFlightDiagnostic()> emitError,
+                                 unsigned blockSize, unsigned unroll,
+                                 unsigned /*rowCacheBytes*/,
+                                 unsigned streamStages,
+                                 bool /*flushDenormals*/) {
+  if (blockSize < 1 || blockSize > 1024)
+    return emitError() << "tuning block_size " << blockSize
+                       << " is outside [1, 1024]";
+  if (unroll < 1 || unroll > 16)
+    return emitError() << "tuning unroll " << unroll
+                       << " is outside [1, 16] (16-byte vectors per thread "
+                          "and step)";
+  if (streamStages == 1 || streamStages > 8)
+    return emitError() << "tuning stream_stages " << streamStages
+                       << " must be 0 (off) or in [2, 8]";
+  return success();
+}
+
 void CEDialect::registerAttributes() {
   addAttributes<
 #define GET_ATTRDEF_LIST

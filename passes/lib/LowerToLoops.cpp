@@ -58,13 +58,17 @@ struct CELowerToLoopsPass
   using Base::Base;
 
   void runOnOperation() override {
-    if (vectorWidth == 0 || !llvm::has_single_bit(vectorWidth.getValue())) {
-      getOperation().emitError("vector-width must be a power of two, got ")
+    // Bounded: the loop nest grows with both, and no target needs more.
+    if (vectorWidth == 0 || !llvm::has_single_bit(vectorWidth.getValue()) ||
+        vectorWidth > 64) {
+      getOperation().emitError(
+          "vector-width must be a power of two in [1, 64], got ")
           << vectorWidth.getValue();
       return signalPassFailure();
     }
-    if (unroll == 0) {
-      getOperation().emitError("unroll must be at least 1");
+    if (unroll == 0 || unroll > 16) {
+      getOperation().emitError("unroll must be in [1, 16], got ")
+          << unroll.getValue();
       return signalPassFailure();
     }
     MLIRContext *context = &getContext();

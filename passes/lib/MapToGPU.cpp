@@ -63,12 +63,14 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
         return signalPassFailure();
   }
 
-  /// The kernel's `ce.<name>` attribute, else the pass option.
-  static unsigned tuning(gpu::GPUFuncOp kernel, StringRef name,
-                         unsigned option) {
-    if (auto attr = kernel->getAttrOfType<IntegerAttr>(name))
-      return attr.getInt();
-    return option;
+  /// The kernel's `ce.tuning`, else one made of the pass options (no row
+  /// cache, no stream ring).
+  TuningAttr tuningOf(gpu::GPUFuncOp kernel) {
+    if (auto attr = kernel->getAttrOfType<TuningAttr>(TuningAttr::getAttrName()))
+      return attr;
+    return TuningAttr::get(&getContext(), blockSize, unroll,
+                           /*row_cache_bytes=*/0, /*stream_stages=*/0,
+                           /*flush_denormals=*/false);
   }
 
   LogicalResult verifyTuning(Operation *op, unsigned blockSize,
@@ -79,17 +81,17 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
              << blockSize
              << ") must be a multiple of the power-of-two subgroup-size ("
              << subgroupSize.getValue() << ") and at most 1024";
-    if (unroll == 0)
-      return op->emitError("unroll must be at least 1");
+    if (unroll == 0 || unroll > 16)
+      return op->emitError("unroll (")
+             << unroll << ") must be in [1, 16]";
     return success();
   }
 
-  /// The fused kernel's row cache: `ce.row_cache_bytes` (if any) of
+  /// The fused kernel's row cache: `bytes` (the tuning's row_cache_bytes) of
   /// dynamic workgroup memory viewed as the logits' element type. The launch
   /// provides those bytes (the manifest's `lds_bytes`).
-  static Value buildRowCache(ImplicitLocOpBuilder &b, gpu::GPUFuncOp kernel,
+  static Value buildRowCache(ImplicitLocOpBuilder &b, unsigned bytes,
                              Value logits) {
-    unsigned bytes = tuning(kernel, "ce.row_cache_bytes", 0);
     Type element = cast<MemRefType>(logits.getType()).getElementType();
     int64_t elements = bytes / (element.getIntOrFloatBitWidth() / 8);
     if (elements == 0)
@@ -121,8 +123,9 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     if (!kernel || !kernel.isKernel())
       return op->emitError("ce ops in a gpu.module must be in a gpu.func "
                            "kernel");
-    unsigned blockSize = tuning(kernel, "ce.block_size", this->blockSize);
-    unsigned unroll = tuning(kernel, "ce.unroll", this->unroll);
+    TuningAttr tuning = tuningOf(kernel);
+    unsigned blockSize = tuning.getBlockSize();
+    unsigned unroll = tuning.getUnroll();
     if (failed(verifyTuning(op, blockSize, unroll)))
       return failure();
     unsigned numSubgroups = blockSize / subgroupSize;
@@ -149,11 +152,12 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     threads.subgroupSize = subgroupSize;
     threads.scratch = scratch;
     if (isa<FusedOp>(op))
-      threads.rowCache = buildRowCache(b, kernel, op->getOperand(0));
+      threads.rowCache =
+          buildRowCache(b, tuning.getRowCacheBytes(), op->getOperand(0));
     threads.asyncCopy = asyncCopy;
     threads.packedMax = packedMax;
     threads.target = targetInfo;
-    unsigned stages = tuning(kernel, "ce.stream_stages", 0);
+    unsigned stages = tuning.getStreamStages();
     if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy && stages >= 2)
       threads.streamRing = buildWorkgroupBuffer(
           b, op->getOperand(0),

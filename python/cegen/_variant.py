@@ -100,21 +100,9 @@ class VariantKey:
         return f"{int(start)}/{int(vocab)}/{'global' if global_smoothing else 'local'}"
 
     def ce_gen_options(self) -> List[str]:
-        """The ``ce-gen`` options that ask for exactly this kernel (target and output aside)."""
-        options = [
-            f"--op={self.op}",
-            f"--logits={self.logits}",
-            f"--labels={self.labels}",
-            f"--layout={self.layout}",
-            "--ignore-index=" + ("none" if self.ignore_index is None else str(int(self.ignore_index))),
-            f"--label-smoothing={format_f32(self.label_smoothing)}",
-            f"--z-loss={format_f32(self.z_loss)}",
-        ]
-        # Spelled as the runtime's "generate it with" hint (runtime/lib/Launch.cpp).
-        if self.op in ("backward", "fused"):
-            options.append(f"--overwrite={1 if self.overwrite else 0}")
-        if self.op == "fused":
-            options.append(f"--weights={self.weights}")
-        if self.shard is not None:
-            options.append(f"--shard={self._shard_text()}")
-        return options
+        """The ``ce-gen`` options that ask for exactly this kernel (target and output aside).
+
+        One canonical key, as the runtime's "generate it with" hint (runtime/lib/Launch.cpp)
+        and every manifest spell it; ce-gen checks it with the same rules as its lists.
+        """
+        return [f"--variant={self}"]

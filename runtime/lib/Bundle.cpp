@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Bundle.h"
-#include "ce/runtime/ObjectCheck.h"
+#include "Bundle.h"
+#include "ObjectCheck.h"
 
 #include <algorithm>
 #include <atomic>
@@ -70,7 +70,7 @@ Status Bundle::open(const std::string &directory,
     return Status::bundleError("bundle path '" + directory +
                                "' is not a directory");
 
-  std::string manifestPath = joinPath(directory, "manifest.json");
+  std::string manifestPath = joinPath(directory, kManifestFile);
   if (::stat(manifestPath.c_str(), &info) != 0)
     return Status::bundleError("no manifest.json in bundle directory '" +
                                directory +

@@ -7,9 +7,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Bundle.h"
-#include "ce/runtime/KernelCache.h"
-#include "ce/runtime/Launch.h"
+#include "Bundle.h"
+#include "KernelCache.h"
+#include "Launch.h"
 #include "ce/runtime/ce_runtime.h"
 
 #include <cstring>

@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/CudaApi.h"
-#include "ce/runtime/GpuDriver.h"
+#include "CudaApi.h"
+#include "GpuDriver.h"
 
 #include <dlfcn.h>
 #include <mutex>

@@ -7,10 +7,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Bundle.h"
-#include "ce/runtime/GpuDriver.h"
-#include "ce/runtime/LabelStatusTracker.h"
-#include "ce/runtime/Launch.h"
+#include "Bundle.h"
+#include "GpuDriver.h"
+#include "LabelStatusTracker.h"
+#include "Launch.h"
 
 #include <string>
 

@@ -9,7 +9,7 @@
 #ifndef CE_RUNTIME_LIB_ELFCHECKER_H
 #define CE_RUNTIME_LIB_ELFCHECKER_H
 
-#include "ce/runtime/ObjectCheck.h"
+#include "ObjectCheck.h"
 
 #include <cstdint>
 #include <cstring>

@@ -12,10 +12,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/GpuDriver.h"
-#include "ce/runtime/KernelCache.h"
-#include "ce/runtime/LabelStatusTracker.h"
-#include "ce/runtime/Launch.h"
+#include "GpuDriver.h"
+#include "KernelCache.h"
+#include "LabelStatusTracker.h"
+#include "Launch.h"
 
 #include <array>
 #include <climits>

@@ -9,8 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/GpuDriver.h"
-#include "ce/runtime/HipApi.h"
+#include "GpuDriver.h"
+#include "HipApi.h"
 
 #include <cctype>
 #include <cstring>

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/HostBackend.h"
+#include "HostBackend.h"
 
 #include <array>
 #include <cstdint>

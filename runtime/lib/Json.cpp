@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Json.h"
+#include "Json.h"
 
 #include <cerrno>
 #include <cstdlib>

@@ -6,7 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/KernelCache.h"
+#include "KernelCache.h"
 
 #include <vector>
 

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/LabelStatus.h"
+#include "LabelStatus.h"
 
 #include <cstring>
 #include <string>

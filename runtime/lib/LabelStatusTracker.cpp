@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/LabelStatusTracker.h"
+#include "LabelStatusTracker.h"
 
 #include <optional>
 #include <sstream>

@@ -7,10 +7,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Launch.h"
-#include "ce/runtime/HostBackend.h"
-#include "ce/runtime/KernelCache.h"
-#include "ce/runtime/LabelStatus.h"
+#include "Launch.h"
+#include "HostBackend.h"
+#include "KernelCache.h"
+#include "LabelStatus.h"
 
 #include <algorithm>
 #include <set>
@@ -22,25 +22,6 @@ namespace ce {
 namespace {
 
 /// The `--name=value` options that make ce-gen emit exactly `variant`.
-std::string ceGenOptions(const KernelVariantKey &variant) {
-  std::string options =
-      std::string("--op=") + stringify(variant.op) +
-      " --logits=" + stringify(variant.logits) +
-      " --labels=" + stringify(variant.labels) +
-      " --layout=" + stringify(variant.layout) + " --ignore-index=" +
-      (variant.ignoreIndex ? std::to_string(*variant.ignoreIndex)
-                           : std::string("none")) +
-      " --label-smoothing=" + formatF32(variant.labelSmoothing) +
-      " --z-loss=" + formatF32(variant.zLoss);
-  if (variant.op == KernelOp::Backward || variant.op == KernelOp::Fused)
-    options += std::string(" --overwrite=") + (variant.overwrite ? "1" : "0");
-  if (variant.shard)
-    options += " --shard=" + variant.shard->str();
-  if (variant.op == KernelOp::Fused)
-    options += std::string(" --weights=") + stringify(variant.weights);
-  return options;
-}
-
 /// Number of comma-separated fields in which two keys differ.
 int keyDistance(const std::string &a, const std::string &b) {
   auto split = [](const std::string &key) {
@@ -74,7 +55,7 @@ Status variantNotFoundError(const Bundle &bundle, const std::string &target,
       (deviceDescription.empty() ? std::string()
                                  : " (" + deviceDescription + ")") +
       ": \"" + key + "\"; generate it with `ce-gen --target=" + target +
-      " -o DIR " + ceGenOptions(plan.variant) +
+      " -o DIR --variant=" + key +
       "` (or add these values to the option lists the "
       "bundle was generated with)";
   // Which targets the bundle has at all, and which of them have this key.

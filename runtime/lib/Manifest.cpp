@@ -7,9 +7,9 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Manifest.h"
-#include "ce/runtime/Json.h"
-#include "ce/runtime/Sha256.h"
+#include "Manifest.h"
+#include "Json.h"
+#include "Sha256.h"
 
 #include <limits>
 #include <algorithm>
@@ -19,31 +19,8 @@
 
 namespace ce {
 
-const char *stringify(ArgRole role) {
-  switch (role) {
-  case ArgRole::Logits:
-    return "logits";
-  case ArgRole::Labels:
-    return "labels";
-  case ArgRole::Loss:
-    return "loss";
-  case ArgRole::Lse:
-    return "lse";
-  case ArgRole::GradLoss:
-    return "grad_loss";
-  case ArgRole::Weights:
-    return "weights";
-  case ArgRole::Grad:
-    return "grad";
-  case ArgRole::Stats:
-    return "stats";
-  case ArgRole::Status:
-    return "status";
-  case ArgRole::Flags:
-    return "flags";
-  }
-  return "?";
-}
+static_assert(kBundleFormatVersion == CE_RUNTIME_BUNDLE_VERSION,
+              "BundleAbi.h and ce_runtime.h must name the same version");
 
 bool isCudaTarget(std::string_view target) {
   if (target.size() < 4 || target.substr(0, 3) != "sm_")
@@ -64,57 +41,7 @@ bool isHipTarget(std::string_view target) {
   });
 }
 
-std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
-  switch (variant.op) {
-  case KernelOp::Forward:
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
-            ArgRole::Status};
-  case KernelOp::ShardStats:
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
-  case KernelOp::Backward:
-    if (variant.overwrite)
-      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse, ArgRole::GradLoss,
-              ArgRole::Status};
-    return {ArgRole::Logits,   ArgRole::Labels, ArgRole::Lse,
-            ArgRole::GradLoss, ArgRole::Grad,   ArgRole::Status};
-  case KernelOp::Fused:
-    if (variant.overwrite)
-      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
-              ArgRole::Loss,   ArgRole::Lse,    ArgRole::Status};
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
-            ArgRole::Lse,    ArgRole::Grad,   ArgRole::Status};
-  }
-  return {};
-}
-
 namespace {
-
-/// The rank and element type `role` must have in a kernel of `variant`.
-KernelArg expectedArg(const KernelVariantKey &variant, ArgRole role) {
-  int logitsRank = variant.layout == LabelLayout::Flat ? 2 : 3;
-  int tokenRank = logitsRank - 1;
-  switch (role) {
-  case ArgRole::Logits:
-  case ArgRole::Grad:
-    return {role, logitsRank, variant.logits};
-  case ArgRole::Labels:
-    return {role, tokenRank, variant.labels};
-  case ArgRole::Loss:
-  case ArgRole::Lse:
-  case ArgRole::GradLoss:
-    return {role, tokenRank, ElemType::F32};
-  case ArgRole::Weights:
-    return {role, variant.weights == WeightsKind::Scalar ? 0 : tokenRank,
-            ElemType::F32};
-  case ArgRole::Stats:
-    return {role, tokenRank + 1, ElemType::F32};
-  case ArgRole::Status:
-    return {role, 1, ElemType::I64};
-  case ArgRole::Flags:
-    return {role, 0, ElemType::I64};
-  }
-  return {};
-}
 
 /// "an object", "a string", ...
 std::string withArticle(const char *noun) {
@@ -226,12 +153,12 @@ Status ManifestReader::read(Manifest &manifest) {
     return errorAt(*version, "\"version\" must be a positive integer");
   manifest.version = *version->getInteger();
   formatVersion = manifest.version;
-  if (manifest.version > CE_RUNTIME_BUNDLE_VERSION)
+  if (manifest.version > kBundleFormatVersion)
     return errorAt(
         *version,
         "bundle format version " + std::to_string(manifest.version) +
             " is newer than version " +
-            std::to_string(CE_RUNTIME_BUNDLE_VERSION) +
+            std::to_string(kBundleFormatVersion) +
             ", the newest this runtime reads; use a runtime that reads "
             "version " +
             std::to_string(manifest.version) +
@@ -421,7 +348,7 @@ Status ManifestReader::readKernel(const json::Value &value,
       return errorAt(*value.get("abi"), name + ": unknown abi \"" + kernel.abi +
                                             "\" (expected \"" +
                                             kMemrefDescriptorAbi + "\")");
-    if (object->kind != "shared-object")
+    if (object->kind != kObjectKindSharedObject)
       return errorAt(*value.get("object"),
                      name + ": host object \"" + object->file +
                          "\" has kind \"" + object->kind +
@@ -433,8 +360,9 @@ Status ManifestReader::readKernel(const json::Value &value,
                                             " (expected \"" +
                                             kMemrefDescriptorFieldsAbi + "\")");
     bool cuda = isCudaTarget(kernel.target);
-    bool kindOk = cuda ? object->kind == "ptx" || object->kind == "cubin"
-                       : object->kind == "hsaco";
+    bool kindOk = cuda ? object->kind == kObjectKindPtx ||
+                                object->kind == kObjectKindCubin
+                       : object->kind == kObjectKindHsaco;
     if (!kindOk)
       return errorAt(*value.get("object"),
                      name + ": " + kernel.target + " object \"" + object->file +
@@ -486,12 +414,12 @@ Status ManifestReader::readArgs(const json::Value &args,
       if (i + 1 != args.getArray().size())
         return errorAt(value, name + ": argument role \"flags\" must be the "
                                      "last argument");
-      KernelArg want = expectedArg(kernel.variant, ArgRole::Flags);
+      ArgShape want = expectedArg(kernel.variant, ArgRole::Flags);
       if (rank != want.rank || dtypeName != stringify(want.dtype))
         return errorAt(value, name + ": argument \"flags\" is " + dtypeName +
                                   " of rank " + std::to_string(rank) +
                                   ", expected i64 of rank 0 (by value)");
-      kernel.args.push_back(want);
+      kernel.args.push_back({ArgRole::Flags, want.rank, want.dtype});
       continue;
     }
     auto role = std::find_if(expected.begin(), expected.end(), [&](ArgRole r) {
@@ -503,13 +431,13 @@ Status ManifestReader::readArgs(const json::Value &args,
     if (!seen.insert(*role).second)
       return errorAt(value,
                      name + ": argument role \"" + roleName + "\" twice");
-    KernelArg want = expectedArg(kernel.variant, *role);
+    ArgShape want = expectedArg(kernel.variant, *role);
     if (rank != want.rank || dtypeName != stringify(want.dtype))
       return errorAt(value, name + ": argument \"" + roleName + "\" is " +
                                 dtypeName + " of rank " + std::to_string(rank) +
                                 ", expected " + stringify(want.dtype) +
                                 " of rank " + std::to_string(want.rank));
-    kernel.args.push_back(want);
+    kernel.args.push_back({*role, want.rank, want.dtype});
   }
   for (ArgRole role : expected)
     if (!seen.count(role))

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/MemoryRange.h"
+#include "MemoryRange.h"
 
 #include <algorithm>
 #include <cstdlib>

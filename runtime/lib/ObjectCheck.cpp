@@ -8,8 +8,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/ObjectCheck.h"
-#include "ce/runtime/Sha256.h"
+#include "ObjectCheck.h"
+#include "Sha256.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -144,16 +144,16 @@ Status checkCodeObject(std::string_view bytes, const ObjectInfo &object,
   // Host objects are dlopened whatever their kind says; the manifest reader
   // rejects a host kernel whose object is not a shared object.
   std::string problem, what;
-  if (object.target == "host" || object.kind == "shared-object") {
+  if (object.target == "host" || object.kind == kObjectKindSharedObject) {
     what = kindName(ElfKind::HostSharedObject);
     problem = checkElf(bytes, ElfKind::HostSharedObject);
-  } else if (object.kind == "hsaco") {
+  } else if (object.kind == kObjectKindHsaco) {
     what = kindName(ElfKind::Hsaco);
     problem = checkElf(bytes, ElfKind::Hsaco);
-  } else if (object.kind == "cubin") {
+  } else if (object.kind == kObjectKindCubin) {
     what = kindName(ElfKind::Cubin);
     problem = checkElf(bytes, ElfKind::Cubin);
-  } else if (object.kind == "ptx") {
+  } else if (object.kind == kObjectKindPtx) {
     what = "PTX module";
     problem = checkPtx(bytes);
   }

@@ -4,7 +4,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Sha256.h"
+#include "Sha256.h"
 
 #include <algorithm>
 #include <cstring>

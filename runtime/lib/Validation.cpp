@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ce/runtime/Validation.h"
-#include "ce/runtime/MemoryRange.h"
+#include "Validation.h"
+#include "MemoryRange.h"
 
 #include <cmath>
 #include <cstring>

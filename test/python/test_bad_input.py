@@ -338,8 +338,8 @@ class TestVariantKeys(unittest.TestCase):
     def test_ce_gen_options(self) -> None:
         key = cegen.VariantKey("backward", "f16", "i64", "sbv_sb", None, 0.1, 0.0, True)
         self.assertEqual(key.ce_gen_options(), [
-            "--op=backward", "--logits=f16", "--labels=i64", "--layout=sbv_sb", "--ignore-index=none",
-            "--label-smoothing=0.100000001", "--z-loss=0", "--overwrite=1"])
+            "--variant=op=backward,logits=f16,labels=i64,layout=sbv_sb,ignore_index=none,"
+            "label_smoothing=0.100000001,z_loss=0,overwrite=1,weights=none"])
 
     def test_rejects_inconsistent_keys(self) -> None:
         with self.assertRaises(ValueError):

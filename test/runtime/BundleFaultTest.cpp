@@ -26,7 +26,7 @@
 
 #include "TestBundle.h"
 
-#include "ce/runtime/ObjectCheck.h"
+#include "ObjectCheck.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

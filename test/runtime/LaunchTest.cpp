@@ -562,10 +562,8 @@ TEST(Launch, MissingVariantSaysHowToGenerateIt) {
   EXPECT_THAT(message, HasSubstr("\"" + wanted.str() + "\""));
   EXPECT_THAT(message, HasSubstr(bundle.path()));
   EXPECT_THAT(message,
-              HasSubstr("ce-gen --target=host -o DIR --op=forward "
-                        "--logits=f32 --labels=i64 --layout=sbv_sb "
-                        "--ignore-index=-100 --label-smoothing=0.100000001 "
-                        "--z-loss=0"));
+              HasSubstr("ce-gen --target=host -o DIR --variant=" +
+                        wanted.str() + "`"));
   EXPECT_THAT(message, HasSubstr("nearest: \"" + forwardKey().str() + "\""));
   EXPECT_EQ(bundle.calls(), 0);
 }

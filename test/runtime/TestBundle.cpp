@@ -2,7 +2,7 @@
 
 #include "TestBundle.h"
 
-#include "ce/runtime/Sha256.h"
+#include "Sha256.h"
 
 #include <gtest/gtest.h>
 

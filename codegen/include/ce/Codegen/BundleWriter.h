@@ -14,7 +14,7 @@ struct BundleObject {
   std::string file;
   std::string target;
   std::string kind;
-  std::vector<KernelInfo> kernels;
+  std::vector<EmittedKernel> kernels;
   /// The SHA-256 of the file as written, 64 lowercase hex digits
   /// (hashObjectFiles fills it).
   std::string sha256;
@@ -27,7 +27,7 @@ LogicalResult hashObjectFiles(StringRef directory,
                               std::string &error);
 
 /// Writes manifest.json (docs/bundle-format.md, version
-/// CE_RUNTIME_BUNDLE_VERSION) for `objects` to `os`: each object with its
+/// ::ce::kBundleFormatVersion) for `objects` to `os`: each object with its
 /// SHA-256, and the manifest sealed with its own (`manifest_sha256`).
 void writeManifest(llvm::raw_ostream &os, ArrayRef<BundleObject> objects);
 

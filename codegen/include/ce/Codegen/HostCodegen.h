@@ -1,4 +1,9 @@
-//===- HostCodegen.h - LLVM IR to a host shared object ----------*- C++ -*-===//
+//===- HostCodegen.h - The host target machine and LLVM IR ------*- C++ -*-===//
+//
+// The x86-64 target machine for host kernels and the translation of the
+// LLVM dialect to an optimized LLVM module.
+//
+//===----------------------------------------------------------------------===//
 
 #ifndef CE_CODEGEN_HOSTCODEGEN_H
 #define CE_CODEGEN_HOSTCODEGEN_H
@@ -29,17 +34,6 @@ std::unique_ptr<llvm::Module> translateAndOptimize(ModuleOp module,
                                                    llvm::TargetMachine &machine,
                                                    unsigned optLevel,
                                                    std::string &error);
-
-/// Emits assembly (`asObject == false`) or an object file.
-LogicalResult emitMachineCode(llvm::Module &module,
-                              llvm::TargetMachine &machine, bool asObject,
-                              std::string &out, std::string &error);
-
-/// Links an object file into a shared object with lld; `hostLibraries`
-/// adds libm for host kernels (not for GPU code objects).
-LogicalResult linkSharedObject(StringRef ldLld, StringRef objectPath,
-                               StringRef outputPath, std::string &error,
-                               bool hostLibraries = true);
 
 } // namespace mlir::ce
 

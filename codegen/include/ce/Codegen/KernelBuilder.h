@@ -1,7 +1,7 @@
 //===- KernelBuilder.h - Kernel functions from variant keys -----*- C++ -*-===//
 //
 // Turns a variant key into a `func.func` holding one ce op, with the
-// argument order of the bundle ABI (docs/bundle-format.md), and reads the
+// argument list of the bundle ABI (ce/runtime/BundleAbi.h), and reads the
 // variant and the argument roles back from such a function.
 //
 //===----------------------------------------------------------------------===//
@@ -9,7 +9,7 @@
 #ifndef CE_CODEGEN_KERNELBUILDER_H
 #define CE_CODEGEN_KERNELBUILDER_H
 
-#include "ce/runtime/VariantKey.h"
+#include "ce/runtime/BundleAbi.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -22,20 +22,21 @@
 namespace mlir::ce {
 
 /// One kernel argument as the manifest describes it.
-struct KernelArg {
-  std::string role;
+struct EmittedArg {
+  ::ce::ArgRole role;
   int64_t rank;
-  std::string dtype;
+  ::ce::ElemType dtype;
 };
 
-/// A kernel function in the module and what the manifest says about it.
-struct KernelInfo {
+/// A kernel function ce-gen emitted and what the manifest says about it
+/// (the runtime reads the same entry into its own ce::KernelInfo).
+struct EmittedKernel {
   std::string name;
   ::ce::KernelVariantKey key;
-  std::vector<KernelArg> args;
+  std::vector<EmittedArg> args;
   /// How the runtime calls it (docs/bundle-format.md).
   std::string symbol;
-  std::string abi = "memref-descriptor-pointers";
+  std::string abi = ::ce::kMemrefDescriptorAbi;
   unsigned blockSize = 0;
   /// Dynamic shared memory to reserve at launch (caps blocks per SM).
   unsigned ldsBytes = 0;
@@ -43,6 +44,9 @@ struct KernelInfo {
   /// (`launch.min_vocab`; 0: any).
   int64_t minVocab = 0;
 };
+
+/// The symbol of the `index`-th kernel of a module: `ce_<op>_<index>`.
+std::string kernelSymbol(const ::ce::KernelVariantKey &key, size_t index);
 
 /// Adds `func.func @name` computing `key` to `module` (host kernels).
 func::FuncOp buildKernel(ModuleOp module, StringRef name,
@@ -56,7 +60,7 @@ gpu::GPUFuncOp buildGpuKernel(gpu::GPUModuleOp module, StringRef name,
 /// Recovers the variant and argument roles of a function whose body is one
 /// ce op fed directly by the function's arguments. Fails with a diagnostic
 /// on the function otherwise.
-FailureOr<KernelInfo> describeKernel(FunctionOpInterface func);
+FailureOr<EmittedKernel> describeKernel(FunctionOpInterface func);
 
 } // namespace mlir::ce
 

@@ -69,9 +69,10 @@ def CELowerToLoops : Pass<"ce-lower-to-loops", "::mlir::func::FuncOp"> {
   ];
   let options = [
     Option<"vectorWidth", "vector-width", "unsigned", "8",
-           "Lanes per vector in the row sweeps (1 disables vectors)">,
+           "Lanes per vector in the row sweeps, a power of two in [1, 64] "
+           "(1 disables vectors)">,
     Option<"unroll", "unroll", "unsigned", "4",
-           "Vectors loaded per step of the row sweeps">
+           "Vectors loaded per step of the row sweeps, in [1, 16]">
   ];
 }
 
@@ -79,59 +80,27 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
   let summary = "Map ce ops in GPU kernels onto workgroups, one token each";
   let description = [{
     Lowers each `ce` op inside a `gpu.func` kernel to the code of one
-    token, for the token `gpu.block_id x` (blocks walk the tokens in the
-    logits' memory order). The threads of the workgroup split the row: each
-    takes `unroll` vectors of 16 bytes (8 bf16/f16 or 4 f32 elements) per
-    step, strided by the workgroup; per-thread states are combined by a
-    butterfly of `gpu.shuffle xor` within a subgroup (warp/wave), then
-    through one slot per subgroup in workgroup memory, read back by every
-    thread in the same order, so results are deterministic and no float
-    atomics are used. Thread 0 writes the per-token outputs; a barrier
-    separates the gradient sweep from the target element's rewrite. With
-    one subgroup per workgroup (`block-size` = `subgroup-size`) a row is one
-    warp's: no workgroup memory and no barrier. Several subgroups combine
-    their slots by a butterfly when their number is a power of two.
+    token, for the token `gpu.block_id x`: the workgroup's threads split the
+    row in 16-byte vectors, `unroll` per thread and step; per-thread states
+    are combined by `gpu.shuffle xor` butterflies within a subgroup, then
+    through one workgroup-memory slot per subgroup, in a fixed order (no
+    float atomics: results are deterministic). Indices are 64-bit.
 
-    A kernel may carry its own tuning, which wins over the pass options:
-    integer attributes `ce.block_size` and `ce.unroll` on the `gpu.func`
-    (ce-gen sets them from the per-chip, per-op table of
-    docs/gpu-mapping.md). A fused kernel may also carry
-    `ce.row_cache_bytes`: that much dynamic workgroup memory
-    (`gpu.dynamic_shared_memory`, provided at launch) keeps the first whole
-    chunks of the row, stored by the statistics sweep and read back by the
-    gradient sweep, so only the rest of the row is read from global memory
-    twice. Each thread reads back only the vectors it stored itself. With
-    `async-copy`, the statistics sweep first issues the cached chunks as
-    asynchronous copies into that memory (all in flight at once, no
-    registers held, a group per chunk), has thread 0 prefetch the rest of
-    the row into L2 (`nvvm.cp.async.bulk.prefetch`), reduces each cached
-    chunk as soon as its own group has landed, and sweeps the rest of the
-    row last.
-
-    A forward or shard_stats kernel with `ce.stream_stages = S` (S >= 2,
-    and `async-copy`) streams its chunks through a ring of S chunks of
-    dynamic workgroup memory: chunk i + S - 1's asynchronous copies are
-    issued before chunk i is reduced, so each thread has chunks in flight
-    without holding them in registers.
-
-    With `packed-max`, a statistics step of bf16 or f16 logits takes its
-    maximum on the loaded vectors before they are widened (the maximum of
-    values of the logits' type is one of them, so this is exact).
-
-    The last, partial chunk of a row's vector part is one masked step: each
-    thread loads its (at most `unroll`) vectors at once, offsets past the
-    row clamped to its last vector and their values left out (stores
-    skipped), instead of a loop of one round trip per vector.
-
-    Indices are 64-bit (`index` lowered with 64-bit width), so rows of
-    N * V > 2^31 elements are addressed correctly.
+    A kernel's `ce.tuning` attribute (`#ce.tuning<...>`, set by ce-gen from
+    `ce-gen --print-tuning`'s table) wins over the pass options: block size,
+    unroll, a fused kernel's row cache in dynamic workgroup memory, a
+    statistics kernel's stream ring, denormal flushing. Target features
+    (asynchronous copies, packed maxima) come from the target's `TargetInfo`,
+    and an option the target lacks is an error. docs/gpu-mapping.md has the
+    design: the row cache, the stream ring, the masked last step.
 
     Preconditions: the kernel's memrefs are in the global address space;
-    launch with the kernel's block size (`known_block_size`) and one
-    workgroup per token.
+    launch with the kernel's block size (`known_block_size`), one workgroup
+    per token, and the dynamic workgroup memory of the manifest's
+    `lds_bytes`.
 
     ```mlir
-    gpu.func @k(...) kernel {
+    gpu.func @k(...) kernel attributes {ce.tuning = #ce.tuning<block_size = 256, unroll = 2>} {
       ce.forward %x, %y into %loss, %lse layout = sbv_bs : ...
       gpu.return
     }
@@ -156,7 +125,7 @@ def CEMapToGPU : Pass<"ce-map-to-gpu", "::mlir::gpu::GPUModuleOp"> {
     Option<"subgroupSize", "subgroup-size", "unsigned", "32",
            "Threads per warp (32, NVIDIA) or wave (64, AMD gfx9)">,
     Option<"unroll", "unroll", "unsigned", "2",
-           "16-byte vectors loaded per thread and step">,
+           "16-byte vectors loaded per thread and step, in [1, 16]">,
     Option<"asyncCopy", "async-copy", "bool", "false",
            "Fill the row cache by asynchronous global-to-workgroup copies "
            "(nvgpu.device_async_copy, NVIDIA sm_80+), all issued before the "

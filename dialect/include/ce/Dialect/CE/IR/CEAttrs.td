@@ -50,4 +50,40 @@ def CE_ShardAttr : AttrDef<CE_Dialect, "Shard"> {
   let genVerifyDecl = 1;
 }
 
+def CE_TuningAttr : AttrDef<CE_Dialect, "Tuning"> {
+  let mnemonic = "tuning";
+  let summary = "How a GPU kernel is mapped onto a workgroup";
+  let description = [{
+    Carried by a `gpu.func` kernel as the discardable attribute `ce.tuning`
+    (ce-gen sets it from the per-chip, per-op table that
+    `ce-gen --print-tuning` prints); `ce-map-to-gpu` reads it, and it wins
+    over the pass's options. The dialect verifies it where it appears, and
+    rejects any other `ce.*` discardable attribute, so a misspelt field or
+    attribute is an error rather than a silent default.
+
+    - `block_size`: threads per workgroup, in [1, 1024] (the mapping also
+      needs a multiple of the subgroup size);
+    - `unroll`: 16-byte vectors per thread and step, in [1, 16];
+    - `row_cache_bytes`: fused kernels keep this many bytes of a row's first
+      chunks in dynamic workgroup memory between their two sweeps (0: none);
+    - `stream_stages`: forward and shard_stats kernels stream their chunks
+      through a ring of this many chunks of workgroup memory by
+      asynchronous copies (0: off, else [2, 8]);
+    - `flush_denormals`: the kernel flushes f32 denormals.
+
+    Example: `ce.tuning = #ce.tuning<block_size = 256, unroll = 4,
+    row_cache_bytes = 49152, flush_denormals = true>`.
+  }];
+  let parameters = (ins "unsigned":$block_size, "unsigned":$unroll,
+                        DefaultValuedParameter<"unsigned", "0">:$row_cache_bytes,
+                        DefaultValuedParameter<"unsigned", "0">:$stream_stages,
+                        DefaultValuedParameter<"bool", "false">:$flush_denormals);
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The discardable attribute's name on a kernel.
+    static ::llvm::StringRef getAttrName() { return "ce.tuning"; }
+  }];
+}
+
 #endif // CE_DIALECT_CE_IR_CEATTRS_TD

@@ -38,6 +38,7 @@ def CE_Dialect : Dialect {
     ```
   }];
   let useDefaultAttributePrinterParser = 1;
+  let hasOperationAttrVerify = 1;
   let extraClassDeclaration = [{
     void registerAttributes();
   }];

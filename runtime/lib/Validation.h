@@ -12,8 +12,8 @@
 #ifndef CE_RUNTIME_VALIDATION_H
 #define CE_RUNTIME_VALIDATION_H
 
-#include "ce/runtime/Manifest.h"
-#include "ce/runtime/Status.h"
+#include "Manifest.h"
+#include "Status.h"
 #include "ce/runtime/VariantKey.h"
 #include "ce/runtime/ce_runtime.h"
 

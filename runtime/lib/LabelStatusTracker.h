@@ -23,9 +23,9 @@
 #ifndef CE_RUNTIME_LABELSTATUSTRACKER_H
 #define CE_RUNTIME_LABELSTATUSTRACKER_H
 
-#include "ce/runtime/GpuDriver.h"
-#include "ce/runtime/LabelStatus.h"
-#include "ce/runtime/Status.h"
+#include "GpuDriver.h"
+#include "LabelStatus.h"
+#include "Status.h"
 
 #include <cstdint>
 #include <map>

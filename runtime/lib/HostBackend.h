@@ -10,9 +10,9 @@
 #ifndef CE_RUNTIME_HOSTBACKEND_H
 #define CE_RUNTIME_HOSTBACKEND_H
 
-#include "ce/runtime/KernelCache.h"
-#include "ce/runtime/Status.h"
-#include "ce/runtime/Validation.h"
+#include "KernelCache.h"
+#include "Status.h"
+#include "Validation.h"
 
 #include <cstdint>
 

@@ -14,8 +14,8 @@
 #ifndef CE_RUNTIME_OBJECTCHECK_H
 #define CE_RUNTIME_OBJECTCHECK_H
 
-#include "ce/runtime/Manifest.h"
-#include "ce/runtime/Status.h"
+#include "Manifest.h"
+#include "Status.h"
 
 #include <string>
 #include <string_view>

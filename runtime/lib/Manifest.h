@@ -1,16 +1,18 @@
 //===- Manifest.h - The parsed manifest.json of a bundle --------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). Turns manifest.json text into
-// checked structures per docs/bundle-format.md, versions 1 and 2. Everything a
-// launch relies on is validated here, once, when the bundle is opened.
+// checked structures per docs/bundle-format.md, versions 1 and 2 (the
+// names, roles and argument list are those of ce/runtime/BundleAbi.h).
+// Everything a launch relies on is validated here, once, when the bundle is
+// opened.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef CE_RUNTIME_MANIFEST_H
 #define CE_RUNTIME_MANIFEST_H
 
-#include "ce/runtime/Status.h"
-#include "ce/runtime/VariantKey.h"
+#include "Status.h"
+#include "ce/runtime/BundleAbi.h"
 
 #include <cstdint>
 #include <string>
@@ -19,40 +21,10 @@
 
 namespace ce {
 
-/// The `format` string every manifest carries.
-inline constexpr const char *kBundleFormatName = "cegen-bundle";
-/// The top-level key of the manifest's own SHA-256 (version 2), taken over
-/// the manifest's text with this key's 64 digits written as zeros.
-inline constexpr const char *kManifestSealKey = "manifest_sha256";
-/// The host kernels' ABI: one pointer to a memref descriptor per argument.
-inline constexpr const char *kMemrefDescriptorAbi =
-    "memref-descriptor-pointers";
-/// The GPU kernels' ABI: every descriptor field is a kernel parameter.
-inline constexpr const char *kMemrefDescriptorFieldsAbi =
-    "memref-descriptor-fields";
-
 /// Whether `target` names an NVIDIA GPU ("sm_90", "sm_90a").
 bool isCudaTarget(std::string_view target);
 /// Whether `target` names an AMD GPU ("gfx942", "gfx90a").
 bool isHipTarget(std::string_view target);
-
-/// What a kernel argument holds (the `role` of an `args` entry).
-enum class ArgRole {
-  Logits,
-  Labels,
-  Loss,
-  Lse,
-  GradLoss,
-  Weights,
-  Grad,
-  Stats,
-  Status,
-  Flags ///< i64 run-time flags, passed by value (bundle format version 2)
-};
-inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Flags) + 1;
-
-/// The manifest spelling of `role` ("grad_loss", ...).
-const char *stringify(ArgRole role);
 
 /// One entry of a kernel's `args`.
 struct KernelArg {
@@ -101,10 +73,6 @@ struct Manifest {
   std::vector<ObjectInfo> objects;
   std::vector<KernelInfo> kernels;
 };
-
-/// The argument roles, in the canonical order of docs/bundle-format.md, that
-/// a kernel of `variant` takes (without the optional trailing `flags`).
-std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant);
 
 /// Parses and validates manifest text. `path` names the file in messages.
 /// Failures are CE_ERROR_BUNDLE with the path and, where it helps, the byte

@@ -10,8 +10,8 @@
 #ifndef CE_RUNTIME_BUNDLE_H
 #define CE_RUNTIME_BUNDLE_H
 
-#include "ce/runtime/Manifest.h"
-#include "ce/runtime/Status.h"
+#include "Manifest.h"
+#include "Status.h"
 
 #include <cstdint>
 #include <map>

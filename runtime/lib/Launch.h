@@ -10,9 +10,9 @@
 #ifndef CE_RUNTIME_LAUNCH_H
 #define CE_RUNTIME_LAUNCH_H
 
-#include "ce/runtime/Bundle.h"
-#include "ce/runtime/Status.h"
-#include "ce/runtime/Validation.h"
+#include "Bundle.h"
+#include "Status.h"
+#include "Validation.h"
 
 #include <cstdint>
 #include <string>

@@ -11,8 +11,8 @@
 #ifndef CE_RUNTIME_LABELSTATUS_H
 #define CE_RUNTIME_LABELSTATUS_H
 
-#include "ce/runtime/Status.h"
-#include "ce/runtime/Validation.h"
+#include "Status.h"
+#include "Validation.h"
 #include "ce/runtime/VariantKey.h"
 #include "ce/runtime/ce_runtime.h"
 

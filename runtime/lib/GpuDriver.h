@@ -16,7 +16,7 @@
 #ifndef CE_RUNTIME_GPUDRIVER_H
 #define CE_RUNTIME_GPUDRIVER_H
 
-#include "ce/runtime/Status.h"
+#include "Status.h"
 #include "ce/runtime/ce_runtime.h"
 
 #include <cstddef>

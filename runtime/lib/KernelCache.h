@@ -12,9 +12,9 @@
 #ifndef CE_RUNTIME_KERNELCACHE_H
 #define CE_RUNTIME_KERNELCACHE_H
 
-#include "ce/runtime/GpuDriver.h"
-#include "ce/runtime/Manifest.h"
-#include "ce/runtime/Status.h"
+#include "GpuDriver.h"
+#include "Manifest.h"
+#include "Status.h"
 #include "ce/runtime/ce_runtime.h"
 
 #include <cstdint>

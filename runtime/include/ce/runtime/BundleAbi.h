@@ -1,0 +1,149 @@
+//===- BundleAbi.h - The bundle contract between ce-gen and the runtime ---===//
+//
+// Header-only and dependency-free (installed, like VariantKey.h): the names,
+// the version and the kernel argument list of a bundle, written once. ce-gen
+// builds every kernel's arguments from expectedRoles()/expectedArg() and
+// writes the manifest with these names; the runtime checks a manifest
+// against the same functions. docs/bundle-format.md describes this header.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef CE_RUNTIME_BUNDLEABI_H
+#define CE_RUNTIME_BUNDLEABI_H
+
+#include "ce/runtime/VariantKey.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace ce {
+
+/// The `format` string every manifest carries.
+inline constexpr const char *kBundleFormatName = "cegen-bundle";
+/// The format version ce-gen writes and the newest one the runtime reads
+/// (the same value as ce_runtime.h's CE_RUNTIME_BUNDLE_VERSION).
+inline constexpr int64_t kBundleFormatVersion = 2;
+/// The manifest's name in a bundle directory.
+inline constexpr const char *kManifestFile = "manifest.json";
+/// The top-level key of the manifest's own SHA-256 (version 2), taken over
+/// the manifest's text with this key's 64 digits written as zeros.
+inline constexpr const char *kManifestSealKey = "manifest_sha256";
+
+/// The host kernels' ABI: one pointer to a memref descriptor per argument.
+inline constexpr const char *kMemrefDescriptorAbi =
+    "memref-descriptor-pointers";
+/// The GPU kernels' ABI: every descriptor field is a kernel parameter.
+inline constexpr const char *kMemrefDescriptorFieldsAbi =
+    "memref-descriptor-fields";
+
+/// The `kind` of an entry of `objects`.
+inline constexpr const char *kObjectKindSharedObject = "shared-object";
+inline constexpr const char *kObjectKindHsaco = "hsaco";
+inline constexpr const char *kObjectKindPtx = "ptx";
+inline constexpr const char *kObjectKindCubin = "cubin";
+
+/// What a kernel argument holds (the `role` of an `args` entry).
+enum class ArgRole {
+  Logits,
+  Labels,
+  Loss,
+  Lse,
+  GradLoss,
+  Weights,
+  Grad,
+  Stats,
+  Status,
+  Flags ///< i64 run-time flags, passed by value (bundle format version 2)
+};
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Flags) + 1;
+
+/// The manifest spelling of `role` ("grad_loss", ...).
+inline const char *stringify(ArgRole role) {
+  switch (role) {
+  case ArgRole::Logits:
+    return "logits";
+  case ArgRole::Labels:
+    return "labels";
+  case ArgRole::Loss:
+    return "loss";
+  case ArgRole::Lse:
+    return "lse";
+  case ArgRole::GradLoss:
+    return "grad_loss";
+  case ArgRole::Weights:
+    return "weights";
+  case ArgRole::Grad:
+    return "grad";
+  case ArgRole::Stats:
+    return "stats";
+  case ArgRole::Status:
+    return "status";
+  case ArgRole::Flags:
+    return "flags";
+  }
+  return "?";
+}
+
+/// The argument roles of a kernel of `variant`, in call order, without the
+/// trailing `flags` (version 2 kernels take it; version 1 kernels do not).
+/// With overwrite-input the gradient is written into the logits: no `grad`.
+inline std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
+  switch (variant.op) {
+  case KernelOp::Forward:
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
+            ArgRole::Status};
+  case KernelOp::ShardStats:
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
+  case KernelOp::Backward:
+    if (variant.overwrite)
+      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse, ArgRole::GradLoss,
+              ArgRole::Status};
+    return {ArgRole::Logits,   ArgRole::Labels, ArgRole::Lse,
+            ArgRole::GradLoss, ArgRole::Grad,   ArgRole::Status};
+  case KernelOp::Fused:
+    if (variant.overwrite)
+      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
+              ArgRole::Loss,   ArgRole::Lse,    ArgRole::Status};
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
+            ArgRole::Lse,    ArgRole::Grad,   ArgRole::Status};
+  }
+  return {};
+}
+
+/// An argument's rank and element type. Rank 0 with an integer type is a
+/// value passed by value (the flags); rank 0 weights are a 0-d memref.
+struct ArgShape {
+  int rank = 0;
+  ElemType dtype = ElemType::F32;
+};
+
+/// The rank and element type `role` has in a kernel of `variant`.
+inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
+  int logitsRank = variant.layout == LabelLayout::Flat ? 2 : 3;
+  int tokenRank = logitsRank - 1;
+  switch (role) {
+  case ArgRole::Logits:
+  case ArgRole::Grad:
+    return {logitsRank, variant.logits};
+  case ArgRole::Labels:
+    return {tokenRank, variant.labels};
+  case ArgRole::Loss:
+  case ArgRole::Lse:
+  case ArgRole::GradLoss:
+    return {tokenRank, ElemType::F32};
+  case ArgRole::Weights:
+    return {variant.weights == WeightsKind::Scalar ? 0 : tokenRank,
+            ElemType::F32};
+  case ArgRole::Stats:
+    return {tokenRank + 1, ElemType::F32};
+  case ArgRole::Status:
+    return {1, ElemType::I64};
+  case ArgRole::Flags:
+    return {0, ElemType::I64};
+  }
+  return {};
+}
+
+} // namespace ce
+
+#endif // CE_RUNTIME_BUNDLEABI_H
