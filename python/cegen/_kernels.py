@@ -123,7 +123,7 @@ class KernelOptions:
 #: The types whose values :func:`kernel_options` keeps: a Python call passes the same few
 #: option values every step, so they are validated once per distinct value.
 _PLAIN_OPTION_TYPES = (int, float, str, type(None))
-_options_cache: Dict[Tuple[Any, ...], KernelOptions] = {}
+_options_cache: Dict[Tuple[Any, ...], Tuple[Tuple[type, ...], KernelOptions]] = {}
 _OPTIONS_CACHE_SIZE = 256
 
 
@@ -133,17 +133,25 @@ def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_l
     saving of the per-call path (the values are plain ints, floats and strings; anything
     else, e.g. a NumPy integer or a 0-d tensor, is validated every time)."""
     values = (ignore_index, label_smoothing, z_loss, label_layout, bundle, label_out_of_range)
-    if not all(type(value) in _PLAIN_OPTION_TYPES for value in values):
+    types = (type(ignore_index), type(label_smoothing), type(z_loss), type(label_layout),
+             type(bundle), type(label_out_of_range))
+    try:
+        entry = _options_cache.get(values)
+    except TypeError:  # an unhashable value: validation says what is wrong with it
+        entry = None
+    # The types are compared too: True == 1 and 1 == 1.0 in a dict.
+    if entry is not None and entry[0] == types:
+        return entry[1]
+    if not all(kind in _PLAIN_OPTION_TYPES for kind in types):
         return KernelOptions(*values[:5], label_out_of_range=label_out_of_range)
-    # Types and float bits are part of the key: True == 1 and -0.0 == 0.0 in a dict.
-    key = tuple((type(value), value.hex() if type(value) is float else value)
-                for value in values)
-    options = _options_cache.get(key)
-    if options is None:
-        options = KernelOptions(*values[:5], label_out_of_range=label_out_of_range)
-        if len(_options_cache) >= _OPTIONS_CACHE_SIZE:
-            _options_cache.clear()
-        _options_cache[key] = options
+    # -0.0 == 0.0 in a dict too: a float is made non-negative zero by adding 0.0.
+    options = KernelOptions(ignore_index,
+                            label_smoothing + 0.0 if types[1] is float else label_smoothing,
+                            z_loss + 0.0 if types[2] is float else z_loss, label_layout,
+                            bundle, label_out_of_range=label_out_of_range)
+    if len(_options_cache) >= _OPTIONS_CACHE_SIZE:
+        _options_cache.clear()
+    _options_cache[values] = (types, options)
     return options
 
 
@@ -445,11 +453,13 @@ def check_labels(device: Optional[torch.device] = None, wait: bool = True) -> No
 # -- launches ------------------------------------------------------------------------------
 
 
-def forward(logits: torch.Tensor, labels: torch.Tensor,
-            options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss and lse (fp32, the labels' shape, contiguous)."""
+def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
+            checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss and lse (fp32, the labels' shape, contiguous). ``checked``: the
+    caller has just run :func:`check_inputs` on these tensors (host time)."""
     _refuse_shard(options, "the forward")
-    tokens = check_inputs(logits, labels, options)
+    tokens = (token_shape(logits.shape, options.label_layout) if checked
+              else check_inputs(logits, labels, options))
     loss = _empty(tokens, torch.float32, logits.device)
     lse = _empty(tokens, torch.float32, logits.device)
     if loss.numel() == 0:
@@ -467,18 +477,21 @@ def forward(logits: torch.Tensor, labels: torch.Tensor,
 
 def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
              grad_loss: torch.Tensor, options: KernelOptions,
-             overwrite: bool) -> Optional[torch.Tensor]:
+             overwrite: bool, checked: bool = False) -> Optional[torch.Tensor]:
     """The gradient w.r.t. the logits for the upstream per-token ``grad_loss``.
 
     ``grad_loss`` may have any strides, 0 included (``loss.sum()``'s gradient); it is
     described as is. With ``overwrite`` the gradient is written over ``logits`` and None
-    is returned; the caller has checked that the logits may be overwritten.
+    is returned; the caller has checked that the logits may be overwritten. ``checked``:
+    the tensors are a forward's, checked then, and ``grad_loss`` comes from autograd,
+    which checks its shape (host time).
     """
-    tokens = check_inputs(logits, labels, options)
-    _check_token_tensor(lse, "lse", tokens, logits.device)
-    _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
-    if lse.dtype != torch.float32:
-        raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
+    if not checked:
+        tokens = check_inputs(logits, labels, options)
+        _check_token_tensor(lse, "lse", tokens, logits.device)
+        _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
+        if lse.dtype != torch.float32:
+            raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
     if grad_loss.dtype != torch.float32:
         grad_loss = grad_loss.float()  # the kernels read an fp32 upstream gradient
     grad = None if overwrite else _empty_like(logits)
@@ -496,8 +509,8 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
 
 
 def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-          options: KernelOptions,
-          overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+          options: KernelOptions, overwrite: bool,
+          checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel.
 
     ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
@@ -505,7 +518,8 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     written over ``logits`` and None is returned in its place.
     """
     _refuse_shard(options, "the fused forward+backward")
-    tokens = check_inputs(logits, labels, options)
+    tokens = (token_shape(logits.shape, options.label_layout) if checked
+              else check_inputs(logits, labels, options))
     if weights.dim() == 0:
         kind = "scalar"
         if weights.device != logits.device:

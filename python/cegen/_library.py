@@ -196,7 +196,7 @@ except ImportError:  # PyTorch without Python dispatch modes
         return None
 
 
-def _traced(tensor: Tensor) -> bool:
+def traced(tensor: Tensor) -> bool:
     """Whether a call on ``tensor`` may be traced (torch.compile, export, a fake or proxy
     tensor, a dispatch mode): then it goes through the registered custom op, otherwise
     straight to the implementation. Both run the same code; the direct call saves the
@@ -210,7 +210,7 @@ def _entry(name: str, impl):  # type: ignore[no-untyped-def]
         return impl
 
     def call(first: Tensor, *args):  # type: ignore[no-untyped-def]
-        return op(first, *args) if _traced(first) else impl(first, *args)
+        return op(first, *args) if traced(first) else impl(first, *args)
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = impl.__doc__

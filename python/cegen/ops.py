@@ -25,7 +25,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _library, _validate
+from . import _kernels, _library, _rescale, _validate
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs, kernel_options
 from ._ownership import bump_version, grant_overwrite, is_compiling
@@ -105,20 +105,79 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        grad, weights = ctx.saved_tensors
-        nones = (None,) * 9
-        if not is_compiling():  # eager checks; a traced backward has no side effects
-            if ctx.used:
-                raise CegenError(
-                    "fused cross_entropy: backward ran twice over one forward "
-                    "(retain_graph=True); the gradient was computed once in the forward and "
-                    "is handed out once"
-                )
-            ctx.used = True
-            if upstream_is_weights(grad_loss, weights):
-                return (grad,) + nones
-        _library.rescale_fused_gradient(grad, weights, grad_loss, ctx.label_layout)
-        return (grad,) + nones
+        return _fused_backward(ctx, grad_loss, _library.rescale_fused_gradient, 10)
+
+
+def _fused_backward(ctx: Any, grad_loss: torch.Tensor, rescale: Any,
+                    outputs: int) -> Tuple[Optional[torch.Tensor], ...]:
+    """The fused Functions' backward: the forward's gradient, rescaled by ``g / w`` on the
+    device unless the upstream gradient is the weights tensor itself."""
+    grad, weights = ctx.saved_tensors
+    nones = (None,) * (outputs - 1)
+    if not is_compiling():  # eager checks; a traced backward has no side effects
+        if ctx.used:
+            raise CegenError(
+                "fused cross_entropy: backward ran twice over one forward "
+                "(retain_graph=True); the gradient was computed once in the forward and "
+                "is handed out once"
+            )
+        ctx.used = True
+        if upstream_is_weights(grad_loss, weights):
+            return (grad,) + nones
+    rescale(grad, weights, grad_loss, ctx.label_layout)
+    return (grad,) + nones
+
+
+class _EagerCrossEntropy(torch.autograd.Function):
+    """:class:`_CrossEntropyFunction` when nothing traces the call: the kernels called with
+    the options already checked (no custom-op dispatch, no second validation: host time),
+    one output (the lse is only saved)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                options: KernelOptions, overwrite: bool) -> torch.Tensor:
+        loss, lse = _kernels.forward(logits, labels, options, checked=True)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.options = options
+        ctx.overwrite = overwrite
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        logits, labels, lse = ctx.saved_tensors
+        if ctx.overwrite:
+            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True,
+                              checked=True)
+            bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
+            grad = logits.detach()
+        else:
+            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options,
+                                     overwrite=False, checked=True)
+        return grad, None, None, None
+
+
+class _EagerFusedCrossEntropy(torch.autograd.Function):
+    """:class:`_FusedCrossEntropyFunction` when nothing traces the call (see
+    :class:`_EagerCrossEntropy`)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
+                weights: torch.Tensor, options: KernelOptions, overwrite: bool) -> torch.Tensor:
+        loss, _, grad = _kernels.fused(logits, labels, weights, options, overwrite,
+                                       checked=True)
+        if overwrite:
+            bump_version(logits)
+            grad = logits.detach()
+        ctx.save_for_backward(grad, weights)
+        ctx.label_layout = options.label_layout
+        ctx.used = False
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        return _fused_backward(ctx, grad_loss, _rescale.rescale_fused_gradient, 5)
 
 
 def _checked_weights(grad_weights: GradWeights) -> Union[None, float, torch.Tensor]:
@@ -177,6 +236,15 @@ def cross_entropy_vouched(
     check_inputs(logits, labels, options)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
+    if not _library.traced(logits):
+        # Nothing traces this call: the kernels directly, with the options checked above.
+        if not needs_grad:
+            return _kernels.forward(logits, labels, options, checked=True)[0]
+        if grad_weights is not None:
+            weights = _weights_tensor(grad_weights, logits)
+            return _EagerFusedCrossEntropy.apply(logits, labels, weights, options, overwrite)
+        return _EagerCrossEntropy.apply(logits, labels, options, overwrite)
+    # A dispatch mode, fake or subclass tensors: through the custom ops.
     if needs_grad and grad_weights is not None:
         weights = _weights_tensor(grad_weights, logits)
         return _FusedCrossEntropyFunction.apply(logits, labels, weights, *_op_args(options), overwrite)

@@ -16,7 +16,7 @@ import torch
 from _fresh_logits import MakeLogits, fresh_logits
 
 import cegen
-from cegen import _gradient_status, _kernels, _library
+from cegen import _gradient_status, _kernels, _library, _rescale
 
 
 def fused(logits, labels, weights, upstream, **options):
@@ -92,13 +92,13 @@ class TestRescaleOnDevice(unittest.TestCase):
         labels = S.random_labels((16,), 129, offset=81)
         weights = torch.rand((16,), generator=S.generator(82)) + 0.5
         calls = []
-        original = _library.rescale_fused_gradient
+        original = _rescale.rescale_fused_gradient
 
         def counting(*args):  # type: ignore[no-untyped-def]
             calls.append(args)
             return original(*args)
 
-        with mock.patch.object(_library, "rescale_fused_gradient", counting):
+        with mock.patch.object(_rescale, "rescale_fused_gradient", counting):
             _, grad = fused(logits, labels, weights, weights)
             self.assertEqual(calls, [], "the upstream gradient was the weights tensor")
             _, grad2 = fused(logits, labels, weights, weights.clone())
