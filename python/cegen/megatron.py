@@ -71,6 +71,7 @@ __all__ = [
     "uninstall",
     "is_installed",
     "supported_case",
+    "predicted_upstream",
     "reset_fallback_log",
 ]
 
@@ -92,6 +93,7 @@ class TurboCESettings:
 
     use_turbo_cross_entropy: bool = False
     turbo_ce_overwrite_input: bool = False
+    turbo_ce_fused_gradient: bool = False
 
 
 _SETTING_NAMES = tuple(field.name for field in dataclasses.fields(TurboCESettings))
@@ -213,6 +215,14 @@ def add_turbo_ce_args(parser: argparse.ArgumentParser, *,
         default=settings.turbo_ce_overwrite_input,
         help="Write the loss gradient over the logits' storage (saves one [s, b, v] buffer); "
              "after the backward pass the logits hold the gradient.",
+    )
+    group.add_argument(
+        "--turbo-ce-fused-gradient", action=argparse.BooleanOptionalAction,
+        default=settings.turbo_ce_fused_gradient,
+        help="Compute the loss and its gradient in one kernel in the forward, for the "
+             "upstream gradient the training step is predicted to give (loss mask, token "
+             "count, micro-batches, loss scale); the backward corrects each row on the device "
+             "by the gradient that arrives (docs/megatron.md, 'The fused gradient').",
     )
     return parser
 
@@ -373,6 +383,71 @@ def _label_options(module: Any) -> Dict[str, Any]:
     return {"ignore_index": ignore_index, "label_out_of_range": "megatron"}
 
 
+# -- the fused gradient: the upstream gradient predicted at forward time --------------------
+
+#: The GPTModel method that calls compute_language_model_loss for the main loss with
+#: ``loss_mask`` among its arguments (multi-token prediction calls it from elsewhere).
+_MAIN_LOSS_CALLER = "_postprocess"
+
+
+def _num_microbatches() -> Optional[int]:
+    """Megatron's current number of micro-batches, where Megatron says it."""
+    try:
+        from megatron.core.num_microbatches_calculator import (  # type: ignore[import-not-found]
+            get_num_microbatches,
+        )
+    except Exception:  # an older Megatron, or none
+        return None
+    try:
+        return int(get_num_microbatches())
+    except Exception:  # not initialized (no training loop)
+        return None
+
+
+def _caller_loss_mask(caller: Any, labels: torch.Tensor) -> Optional[torch.Tensor]:
+    """``loss_mask`` of GPTModel._postprocess, the caller of the main loss, if it is one."""
+    if caller is None or caller.f_code.co_name != _MAIN_LOSS_CALLER:
+        return None
+    mask = caller.f_locals.get("loss_mask")
+    if not isinstance(mask, torch.Tensor) or mask.numel() != labels.numel():
+        return None
+    return mask
+
+
+def predicted_upstream(module: Any, labels: torch.Tensor,
+                       loss_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The upstream gradient of the main loss's unmasked tokens in Megatron-Core's training
+    step, as a 0-d float32 tensor on the labels' device (no host synchronization).
+
+    Megatron's ``loss_func`` (pretrain_gpt.py) sums ``losses * loss_mask``; the schedule
+    (``forward_step_calc_loss``) divides by ``clamp(num_tokens, 1)`` and the number of
+    micro-batches unless ``calculate_per_token_loss``; ``backward_step`` multiplies by the
+    loss scale (``config.grad_scale_func``, the optimizer's ``scale_loss``). Autograd then
+    gives token t ``((scale / micro_batches) / num_tokens) * loss_mask_t``: this returns the
+    factor, computed with the same operations in the same order, so it is bitwise the one
+    autograd computes. A masked token's upstream gradient is 0, not this value: the fused
+    backward's rescale (``g_t / w_t`` = 0) zeroes its row, and any other difference is
+    corrected the same way (cegen._rescale). Never 0, so no token is left without its
+    gradient.
+    """
+    config = getattr(module, "config", None)
+    grad_scale_func = getattr(config, "grad_scale_func", None)
+    if grad_scale_func is not None:  # as schedules._compute_loss_scale
+        scale = grad_scale_func(torch.ones(1, device=labels.device))
+        if not isinstance(scale, torch.Tensor):  # a number: made on the device, no copy
+            scale = torch.full((1,), float(scale), device=labels.device)
+        scale = scale.reshape(()).float()
+    else:
+        scale = torch.ones((), device=labels.device)
+    if getattr(config, "calculate_per_token_loss", False):
+        return scale
+    micro_batches = _num_microbatches() or 1
+    if loss_mask is None:  # a guess (every token counted); the rescale makes it right
+        return (scale / micro_batches) / labels.numel()
+    num_tokens = loss_mask.view(-1).float().sum().clone().detach().to(torch.int)
+    return (scale / micro_batches) / torch.clamp(num_tokens, min=1)
+
+
 def _make_patched(original: Callable[..., torch.Tensor],
                   settings: TurboCESettings) -> Callable[..., torch.Tensor]:
     @functools.wraps(original)
@@ -391,10 +466,21 @@ def _make_patched(original: Callable[..., torch.Tensor],
                 group=tp_group, label_layout="bs",
                 overwrite_input=settings.turbo_ce_overwrite_input, **label_options,
             )
+        grad_weights = None
+        if (settings.turbo_ce_fused_gradient and torch.is_grad_enabled()
+                and logits.requires_grad and not is_compiling()):
+            # One kernel for loss and gradient, for the upstream gradient predicted now;
+            # only for the main loss (the caller that holds loss_mask), whose logits
+            # nothing reads after the loss: with overwrite the gradient is written now.
+            caller = sys._getframe(1)
+            loss_mask = _caller_loss_mask(caller, labels)
+            del caller
+            if loss_mask is not None:
+                grad_weights = predicted_upstream(self, labels, loss_mask)
         return cross_entropy_vouched(
             logits, labels, python_refs=python_refs, vouched_refs=_MEGATRON_CALLER_REFS,
             label_layout="bs", overwrite_input=settings.turbo_ce_overwrite_input,
-            **label_options,
+            grad_weights=grad_weights, **label_options,
         )
 
     compute_language_model_loss._cegen_original = original  # type: ignore[attr-defined]

@@ -179,9 +179,10 @@ class TestMegatronPatch(unittest.TestCase):
         from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
         from megatron.core.transformer.transformer_config import TransformerConfig
 
-        for overwrite in (False, True):
+        for overwrite, fused in ((False, False), (True, False), (False, True), (True, True)):
             turbo_ce.install(turbo_ce.TurboCESettings(use_turbo_cross_entropy=True,
-                                                      turbo_ce_overwrite_input=overwrite))
+                                                      turbo_ce_overwrite_input=overwrite,
+                                                      turbo_ce_fused_gradient=fused))
             self.addCleanup(turbo_ce.uninstall)
             config = TransformerConfig(tensor_model_parallel_size=1,
                                        cross_entropy_loss_fusion=True)
@@ -193,11 +194,13 @@ class TestMegatronPatch(unittest.TestCase):
             mask = (torch.rand((4, 6), generator=S.generator(406)) > 0.3).float()
 
             def step() -> None:
-                # pretrain_gpt's loss_func and the schedule's scaling, upstream of the loss.
-                loss = model(hidden, labels)
-                (torch.sum(loss.view(-1) * mask.view(-1)) / 17.0).backward()
+                # pretrain_gpt's loss_func and the schedule's scaling, upstream of the loss
+                # (the fused path predicts that gradient from the loss mask on the device).
+                loss = model(hidden, labels, loss_mask=mask)
+                total = torch.sum(loss.view(-1) * mask.view(-1))
+                (total / torch.clamp(mask.sum().to(torch.int), min=1) / 2).backward()
 
-            check_no_sync(self, f"megatron patch, overwrite={overwrite}", step)
+            check_no_sync(self, f"megatron patch, overwrite={overwrite}, fused={fused}", step)
 
 
 @S.requires_kernels

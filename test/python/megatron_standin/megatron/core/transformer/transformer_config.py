@@ -5,7 +5,7 @@ Written for cegen's tests; field names and defaults follow Megatron-Core's
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 
 @dataclass
@@ -20,3 +20,5 @@ class TransformerConfig:
     cross_entropy_loss_fusion: bool = False
     cross_entropy_fusion_impl: str = "native"  # 'native' or 'te'
     calculate_per_token_loss: bool = False
+    # ModelParallelConfig: set by megatron.training to the optimizer's scale_loss.
+    grad_scale_func: Optional[Callable] = None

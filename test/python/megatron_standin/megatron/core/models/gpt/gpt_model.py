@@ -1,8 +1,9 @@
 """A tiny GPT-like model over the LanguageModule stand-in, for cegen's tests.
 
 Its ``_postprocess`` has the shape of Megatron-Core's GPTModel._postprocess where the
-loss is computed: the output layer makes [s, b, v] logits held in a local variable, which
-is handed to ``self.compute_language_model_loss(labels, logits)`` and never read again.
+loss is computed: it takes ``loss_mask`` (as Megatron's, which passes it on to multi-token
+prediction), the output layer makes [s, b, v] logits held in a local variable, which is
+handed to ``self.compute_language_model_loss(labels, logits)`` and never read again.
 """
 
 from typing import Optional
@@ -30,10 +31,12 @@ class TinyGPTModel(LanguageModule):
         # this rank's rows of the [vocab, hidden] weight, so the logits are the rank's slice.
         self.output_weight = torch.nn.Parameter(output_weight)
 
-    def forward(self, hidden_states: Tensor, labels: Optional[Tensor] = None) -> Tensor:
-        return self._postprocess(hidden_states, labels)
+    def forward(self, hidden_states: Tensor, labels: Optional[Tensor] = None, *,
+                loss_mask: Optional[Tensor] = None) -> Tensor:
+        return self._postprocess(hidden_states, labels, loss_mask=loss_mask)
 
-    def _postprocess(self, hidden_states: Tensor, labels: Optional[Tensor]) -> Tensor:
+    def _postprocess(self, hidden_states: Tensor, labels: Optional[Tensor],
+                     loss_mask: Optional[Tensor] = None) -> Tensor:
         logits = torch.matmul(hidden_states, self.output_weight.t())
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [s b h] => [b s h]
