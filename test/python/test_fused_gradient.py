@@ -203,7 +203,7 @@ class TestLazyReport(unittest.TestCase):
         device = torch.device("cpu")
         with mock.patch.dict(_gradient_status._states, clear=True):
             state = _gradient_status._state(device, create=True)
-            slot = _gradient_status._Slot(device)
+            slot = _gradient_status._new_slots(device, 1)[0]
             slot.event = _Event()
             slot.where = "fused backward 7 on cuda:0"
             slot.word.fill_(3)
