@@ -210,7 +210,7 @@ def plot(results: Dict[str, Any], path: Path) -> Optional[str]:
     except Exception as error:  # noqa: BLE001
         return f"no plot: matplotlib unavailable ({error})"
     wanted = ["cegen fwd+bwd_ow", "cegen fused_ow", "cegen fused_ow rescaled", "kernel fused_ow",
-              "flash_ce fwd+bwd inplace_backward=True", "liger_ce fwd+bwd reduction=none"]
+              "flash_ce fwd+bwd_ow inplace_backward=True", "liger_ce fwd+bwd reduction=none"]
     shapes = list(results["shapes"])
     series = {name: [] for name in wanted}
     for shape in shapes:
@@ -265,7 +265,7 @@ def markdown(results: Dict[str, Any]) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default=None)
-    parser.add_argument("--bundle", required=True, help="bundle with the flat bf16 kernels")
+    parser.add_argument("--bundle", default=None, help="bundle with the flat bf16 kernels")
     parser.add_argument("--peers", default=None, help="directory with the peers' sources")
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
     parser.add_argument("--device", default="cuda")
@@ -273,7 +273,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="timed calls (default: by time)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--no-host", action="store_true", help="skip the host-time part")
+    parser.add_argument("--plot-only", default=None, metavar="RESULTS_JSON",
+                        help="only draw OUT/api.png (and table.md) from a run's results.json")
     args = parser.parse_args(argv)
+    if args.plot_only:
+        results = json.loads(Path(args.plot_only).read_text())
+        out = Path(args.out or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "table.md").write_text(markdown(results))
+        note = plot(results, out / "api.png")
+        print(note or f"wrote {out / 'api.png'}")
+        return 0
 
     import torch
 
@@ -282,6 +292,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.runtime:
         cegen.set_runtime_library(args.runtime)
+    if args.bundle is None:
+        parser.error("--bundle is required (unless --plot-only)")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         return 0
