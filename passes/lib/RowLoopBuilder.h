@@ -228,9 +228,10 @@ private:
   SmallVector<Value> buildChunkLoop(Value begin, Value end, ValueRange inits,
                                     StepBody body, bool lastFirst);
   /// The vectors in [mainEnd, vectorEnd): on GPUs one masked step (at most
-  /// `unroll` vectors per thread, loads issued together; offsets past the
-  /// row are clamped to its last vector and reported invalid), on the host
-  /// a loop of single vectors.
+  /// `unroll` vectors per thread, loads issued together) for the threads
+  /// whose first vector is in the row; their offsets past the row are
+  /// clamped to that first vector (so each thread reads only what it owns)
+  /// and reported invalid. On the host a loop of single vectors.
   SmallVector<Value> buildRemainder(const RowRange &range, ValueRange state,
                                     StepBody body);
   /// Builds this thread's share of scalar elements in [begin, end).

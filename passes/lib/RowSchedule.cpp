@@ -209,21 +209,31 @@ SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
                               loop.getResults().end());
   }
   // Fewer than a chunk's vectors are left: at most `unroll` per thread, all
-  // loaded at once rather than one round trip each.
-  Value any = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
-                                    range.mainEnd, range.vectorEnd);
+  // loaded at once rather than one round trip each. Only a thread whose
+  // first vector is in the row takes part, and its vectors past the row are
+  // clamped to that first vector: every load of the step reads a vector
+  // (or row-cache slot) of this thread's own, never one that another
+  // thread writes. A lane clamped to the row's last vector would read the
+  // cache slot that another thread's asynchronous copy fills, with no
+  // barrier between (compute-sanitizer's racecheck reported it), or, under
+  // overwrite, a logit that another thread overwrites with its gradient;
+  // the value was discarded, but the access was a race (issue 23, item 13).
+  Value first = arith::AddIOp::create(b, range.mainEnd, threadOffsetOf());
+  Value owns = arith::CmpIOp::create(b, arith::CmpIPredicate::ult, first,
+                                     range.vectorEnd);
   return buildIfYield(
-      b, any, state.getTypes(),
+      b, owns, state.getTypes(),
       [&] {
-        Value first = arith::AddIOp::create(b, range.mainEnd, threadOffsetOf());
-        Value lastVector =
-            arith::SubIOp::create(b, range.vectorEnd, index(vectorWidth));
-        SmallVector<Value, 8> offsets, valid;
-        for (Value offset :
-             stepOffsets(*this, b, first, unroll, threadStride)) {
-          valid.push_back(arith::CmpIOp::create(
-              b, arith::CmpIPredicate::ult, offset, range.vectorEnd));
-          offsets.push_back(arith::MinUIOp::create(b, offset, lastVector));
+        SmallVector<Value, 8> offsets = {first};
+        SmallVector<Value, 8> valid = {
+            arith::ConstantIntOp::create(b, b.getI1Type(), 1)};
+        for (Value offset : ArrayRef<Value>(
+                 stepOffsets(*this, b, first, unroll, threadStride))
+                 .drop_front()) {
+          Value inRow = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                              offset, range.vectorEnd);
+          valid.push_back(inRow);
+          offsets.push_back(arith::SelectOp::create(b, inRow, offset, first));
         }
         return body(offsets, valid, state);
       },
