@@ -55,10 +55,17 @@ void mlir::ce::writeManifest(llvm::raw_ostream &os,
   llvm::json::Array kernelList;
   for (const BundleObject &object : objects) {
     assert(object.sha256.size() == 64 && "hashObjectFiles fills sha256");
-    objectList.push_back(llvm::json::Object{{"file", object.file},
-                                            {"target", object.target},
-                                            {"kind", object.kind},
-                                            {"sha256", object.sha256}});
+    llvm::json::Object entry{{"file", object.file},
+                             {"target", object.target},
+                             {"kind", object.kind},
+                             {"sha256", object.sha256}};
+    if (object.target == "host") {
+      llvm::json::Array features;
+      for (const std::string &feature : object.cpuFeatures)
+        features.push_back(feature);
+      entry["cpu_features"] = std::move(features);
+    }
+    objectList.push_back(std::move(entry));
     for (const EmittedKernel &kernel : object.kernels) {
       llvm::json::Array args;
       for (const EmittedArg &arg : kernel.args)

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "ce/Codegen/HostCodegen.h"
+#include "ce/runtime/BundleAbi.h"
 
 #include "mlir/ExecutionEngine/OptUtils.h"
 #include "mlir/Target/LLVMIR/Export.h"
@@ -19,6 +20,16 @@
 
 using namespace mlir;
 using namespace mlir::ce;
+
+std::vector<std::string>
+mlir::ce::requiredCpuFeatures(const llvm::TargetMachine &machine) {
+  const llvm::MCSubtargetInfo *subtarget = machine.getMCSubtargetInfo();
+  std::vector<std::string> features;
+  for (const char *feature : ::ce::kHostCpuFeatures)
+    if (subtarget->checkFeatures(std::string("+") + feature))
+      features.push_back(feature);
+  return features;
+}
 
 FailureOr<std::unique_ptr<llvm::TargetMachine>>
 mlir::ce::createHostTargetMachine(const HostTargetOptions &options,

@@ -99,6 +99,7 @@ static StageStatus finishHost(ModuleOp module,
   }
   result.object = BundleObject{file, "host", ::ce::kObjectKindSharedObject,
                                std::move(kernels)};
+  result.object->cpuFeatures = requiredCpuFeatures(**machine);
   return StageStatus::Ok;
 }
 

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Bundle.h"
+#include "CpuFeatures.h"
 #include "ObjectCheck.h"
 
 #include <algorithm>
@@ -101,6 +102,10 @@ Status Bundle::open(const std::string &directory,
       return status;
     if (object.target != kHostTarget)
       continue;
+    // Code built for a newer CPU would die of SIGILL at the first call.
+    if (Status status = checkCpuFeatures(object.cpuFeatures, path);
+        !status.isOk())
+      return status;
     // RTLD_LOCAL keeps each bundle's symbols to itself; RTLD_NOW makes a
     // broken object fail here instead of at the first call.
     void *handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Manifest.h"
+#include "CpuFeatures.h"
 #include "Json.h"
 #include "Sha256.h"
 
@@ -88,6 +89,10 @@ private:
         !status.isOk())
       return status;
     out = member->getString();
+    // A "\u0000" escape would cut the name a C API sees (dlsym, open).
+    if (out.find('\0') != std::string::npos)
+      return errorAt(*member, "\"" + (where.empty() ? key : where + "." + key) +
+                                  "\" must not contain a NUL character");
     return Status::ok();
   }
 
@@ -274,6 +279,22 @@ Status ManifestReader::readObject(const json::Value &value,
       return errorAt(*value.get("sha256"),
                      where + ".sha256 \"" + object.sha256 +
                          "\" is not a SHA-256 (64 lowercase hex digits)");
+  }
+  // The CPU features a host object needs: names the runtime can check.
+  if (const json::Value *features = value.get("cpu_features")) {
+    if (!features->isArray())
+      return errorAt(*features, where + ".cpu_features must be an array");
+    for (const json::Value &feature : features->getArray()) {
+      if (!feature.isString())
+        return errorAt(feature,
+                       where + ".cpu_features must hold strings");
+      if (!isKnownCpuFeature(feature.getString()))
+        return errorAt(feature, where + ".cpu_features names \"" +
+                                    feature.getString() +
+                                    "\", a CPU feature this runtime cannot "
+                                    "check (a newer ce-gen's bundle?)");
+      object.cpuFeatures.push_back(feature.getString());
+    }
   }
   // Code objects live inside the bundle: a manifest must not make the
   // runtime load an arbitrary file from elsewhere.

@@ -52,6 +52,9 @@ struct ObjectInfo {
   /// The SHA-256 of the file, 64 lowercase hex digits: required from
   /// version 2 on, optional (empty when absent) in version 1.
   std::string sha256;
+  /// Host objects: the x86-64 features the code needs (kHostCpuFeatures'
+  /// names; optional, empty for objects of older writers).
+  std::vector<std::string> cpuFeatures;
 };
 
 /// One entry of `kernels`.

@@ -64,32 +64,29 @@ cl::opt<bool> printTuning(
     cl::init(false), cl::cat(category));
 
 // Variant options: comma lists whose cartesian product is emitted.
-cl::list<std::string> ops("op", cl::desc("forward (default), backward, fused, "
-                                         "shard_stats"),
+using VariantList = cl::list<std::string>;
+VariantList ops("op", cl::desc("forward (default), backward, fused, shard_stats"),
+                cl::CommaSeparated, cl::cat(category));
+VariantList logitsTypes("logits", cl::desc("bf16 (default), f16, f32"),
+                        cl::CommaSeparated, cl::cat(category));
+VariantList labelTypes("labels", cl::desc("i32, i64 (default)"),
+                       cl::CommaSeparated, cl::cat(category));
+VariantList layouts("layout", cl::desc("flat, sbv_bs (default), sbv_sb"),
+                    cl::CommaSeparated, cl::cat(category));
+VariantList ignoreIndices("ignore-index",
+                          cl::desc("none (default) or int64 values"),
                           cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> logitsTypes("logits",
-                                  cl::desc("bf16 (default), f16, f32"),
-                                  cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> labelTypes("labels", cl::desc("i32, i64 (default)"),
-                                 cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> layouts("layout",
-                              cl::desc("flat, sbv_bs (default), sbv_sb"),
-                              cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> ignoreIndices("ignore-index",
-                                    cl::desc("none (default) or int64 values"),
-                                    cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> smoothings("label-smoothing",
-                                 cl::desc("values in [0, 1) (default 0)"),
-                                 cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> zLosses("z-loss",
-                              cl::desc("finite values >= 0 (default 0)"),
-                              cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> overwrites("overwrite", cl::desc("0 (default), 1"),
-                                 cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> weightKinds(
-    "weights", cl::desc("scalar (default), token (fused only)"),
-    cl::CommaSeparated, cl::cat(category));
-cl::list<std::string> shards(
+VariantList smoothings("label-smoothing",
+                       cl::desc("values in [0, 1) (default 0)"),
+                       cl::CommaSeparated, cl::cat(category));
+VariantList zLosses("z-loss", cl::desc("finite values >= 0 (default 0)"),
+                    cl::CommaSeparated, cl::cat(category));
+VariantList overwrites("overwrite", cl::desc("0 (default), 1"),
+                       cl::CommaSeparated, cl::cat(category));
+VariantList weightKinds("weights",
+                        cl::desc("scalar (default), token (fused only)"),
+                        cl::CommaSeparated, cl::cat(category));
+VariantList shards(
     "shard",
     cl::desc("none (default), or START/VOCAB/local|global: a tensor-parallel "
              "slice of global ids [START, START + V_local) of VOCAB, "
@@ -142,13 +139,12 @@ cl::opt<bool> flushDenormals(
     "flush-denormals",
     cl::desc("GPU kernels flush f32 denormals (default: the chip's table)"),
     cl::cat(category));
-cl::opt<bool> noFuse("no-fuse",
-                     cl::desc("Do not fuse forward and backward ops"),
+cl::opt<bool> noFuse("no-fuse", cl::desc("Do not fuse forward and backward ops"),
                      cl::init(false), cl::cat(category));
 cl::opt<std::string> hostCpu("host-cpu",
-                             cl::desc("LLVM CPU for host kernels ('native', "
-                                      "the default: this machine)"),
-                             cl::init("native"), cl::cat(category));
+                             cl::desc("LLVM CPU for host kernels (default "
+                                      "x86-64-v3; 'native': this machine's)"),
+                             cl::init("x86-64-v3"), cl::cat(category));
 cl::opt<std::string> dumpDir("dump-dir",
                              cl::desc("Also write the optimized LLVM IR and "
                                       "the assembly here"),
@@ -161,11 +157,8 @@ int usageError(const llvm::Twine &message) {
 }
 
 /// The value of `option` if it was given.
-template <typename T>
-std::optional<T> given(const cl::opt<T> &option) {
-  if (option.getNumOccurrences())
-    return option.getValue();
-  return std::nullopt;
+template <typename T> std::optional<T> given(const cl::opt<T> &option) {
+  return option.getNumOccurrences() ? std::optional<T>(option) : std::nullopt;
 }
 
 /// Writes `text` to `path` ('-' is stdout).

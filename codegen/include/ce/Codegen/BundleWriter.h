@@ -18,6 +18,8 @@ struct BundleObject {
   /// The SHA-256 of the file as written, 64 lowercase hex digits
   /// (hashObjectFiles fills it).
   std::string sha256;
+  /// Host objects: the x86-64 features the code needs (`cpu_features`).
+  std::vector<std::string> cpuFeatures;
 };
 
 /// Fills every object's `sha256` from its file in `directory`, as the files

@@ -56,8 +56,9 @@ struct CodegenOptions {
   bool fuse = true;
   unsigned vectorWidth = 8;
   unsigned hostUnroll = 4;
-  /// LLVM CPU name, or "native" for the machine ce-gen runs on.
-  std::string hostCpu = "native";
+  /// LLVM CPU name, or "native" for the machine ce-gen runs on (an opt-in:
+  /// such a bundle refuses to load on a CPU that lacks its features).
+  std::string hostCpu = "x86-64-v3";
 
   // GPU kernels.
   TuningOverrides tuning;

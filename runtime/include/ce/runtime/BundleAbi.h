@@ -42,6 +42,19 @@ inline constexpr const char *kObjectKindHsaco = "hsaco";
 inline constexpr const char *kObjectKindPtx = "ptx";
 inline constexpr const char *kObjectKindCubin = "cubin";
 
+/// The x86-64 features a host object may require (`objects[i].cpu_features`),
+/// spelled as LLVM's x86 target features. ce-gen lists those of its target
+/// CPU among these; the runtime checks each against the CPU (cpuid and the
+/// OS's register state) before it loads the object, and refuses a name it
+/// does not know. They cover the vector ISA LLVM's x86 backend selects.
+inline constexpr const char *kHostCpuFeatures[] = {
+    "sse4.1",   "sse4.2",   "popcnt",     "avx",         "avx2",
+    "fma",      "f16c",     "bmi",        "bmi2",        "lzcnt",
+    "movbe",    "avx512f",  "avx512dq",   "avx512cd",    "avx512bw",
+    "avx512vl", "avx512vnni", "avx512bf16", "avx512fp16", "avx512vbmi",
+    "avx512vbmi2", "avx512bitalg", "avx512vpopcntdq", "avx512ifma", "gfni",
+    "vpclmulqdq", "vaes", "avxvnni"};
+
 /// What a kernel argument holds (the `role` of an `args` entry).
 enum class ArgRole {
   Logits,
