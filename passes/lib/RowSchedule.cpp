@@ -224,12 +224,12 @@ SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
   return buildIfYield(
       b, owns, state.getTypes(),
       [&] {
+        SmallVector<Value, 8> steps =
+            stepOffsets(*this, b, first, unroll, threadStride);
         SmallVector<Value, 8> offsets = {first};
         SmallVector<Value, 8> valid = {
             arith::ConstantIntOp::create(b, b.getI1Type(), 1)};
-        for (Value offset : ArrayRef<Value>(
-                 stepOffsets(*this, b, first, unroll, threadStride))
-                 .drop_front()) {
+        for (Value offset : ArrayRef<Value>(steps).drop_front()) {
           Value inRow = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
                                               offset, range.vectorEnd);
           valid.push_back(inRow);
