@@ -1,16 +1,21 @@
 //===- Json.cpp - A small JSON reader for bundle manifests ----------------===//
 //
 // A recursive-descent reader for RFC 8259 JSON. It is strict (no comments,
-// no trailing commas, no NaN literals) because a manifest is written by a
-// program, and a lenient reader would hide a broken writer.
+// no trailing commas, no NaN literals, no duplicate member names, strings of
+// well-formed UTF-8 only, numbers within a double's range) because a
+// manifest is written by a program, and a lenient reader would hide a broken
+// writer. Every error has the byte offset of the problem; a truncated text
+// always fails at its end with "unexpected end of input".
 //
 //===----------------------------------------------------------------------===//
 
 #include "Json.h"
 
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
+#include <algorithm>
+#include <charconv>
+#include <initializer_list>
+#include <cmath>
+#include <system_error>
 
 namespace ce::json {
 
@@ -72,7 +77,8 @@ public:
   }
 
 private:
-  /// Nesting deeper than this is rejected rather than risking the stack.
+  /// Arrays and objects nested deeper than this are rejected rather than
+  /// risking the stack (each level is a few frames of recursion).
   static constexpr int maxDepth = 128;
 
   bool fail(std::string message) { return failAt(pos, std::move(message)); }
@@ -104,13 +110,14 @@ private:
       ++pos;
   }
 
+  /// `depth` is the number of arrays and objects around the value.
   bool parseValue(Value &result, int depth) {
-    if (depth > maxDepth)
-      return fail("JSON nested more than " + std::to_string(maxDepth) +
-                  " levels deep");
     result.sourceOffset = pos;
     if (atEnd())
       return failUnexpected("a value");
+    if ((text[pos] == '{' || text[pos] == '[') && depth >= maxDepth)
+      return fail("arrays and objects nested more than " +
+                  std::to_string(maxDepth) + " levels deep");
     switch (text[pos]) {
     case '{':
       return parseObject(result, depth);
@@ -251,27 +258,78 @@ private:
     }
   }
 
+  /// The length of the well-formed UTF-8 sequence `bytes` starts with
+  /// (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF);
+  /// 0 if it does not start with one; -1 if `bytes` ends inside what would
+  /// otherwise be one (a truncated text).
+  static int utf8SequenceLength(std::string_view bytes) {
+    unsigned lead = static_cast<unsigned char>(bytes[0]);
+    // The range of the second byte depends on the lead byte (RFC 3629,
+    // section 4); every later byte is 0x80..0xbf.
+    int length;
+    unsigned low = 0x80, high = 0xbf;
+    if (lead >= 0xc2 && lead <= 0xdf) {
+      length = 2;
+    } else if (lead >= 0xe0 && lead <= 0xef) {
+      length = 3;
+      if (lead == 0xe0)
+        low = 0xa0; // not overlong
+      else if (lead == 0xed)
+        high = 0x9f; // not a UTF-16 surrogate
+    } else if (lead >= 0xf0 && lead <= 0xf4) {
+      length = 4;
+      if (lead == 0xf0)
+        low = 0x90; // not overlong
+      else if (lead == 0xf4)
+        high = 0x8f; // not past U+10FFFF
+    } else {
+      return 0; // a continuation byte, 0xc0, 0xc1 or 0xf5..0xff
+    }
+    for (int i = 1; i < length; ++i) {
+      if (static_cast<size_t>(i) >= bytes.size())
+        return -1;
+      unsigned byte = static_cast<unsigned char>(bytes[i]);
+      if (i == 1 ? byte < low || byte > high : byte < 0x80 || byte > 0xbf)
+        return 0;
+    }
+    return length;
+  }
+
   bool parseString(std::string &out) {
     size_t start = pos;
     ++pos; // '"'
     while (true) {
-      if (atEnd())
-        return failAt(pos, "unexpected end of input inside the string that "
-                           "starts at byte " +
-                               std::to_string(start) + " (truncated file?)");
+      int sequence = 0;
+      if (!atEnd() && static_cast<unsigned char>(text[pos]) >= 0x80)
+        sequence = utf8SequenceLength(text.substr(pos));
+      if (atEnd() || sequence < 0)
+        return failAt(text.size(),
+                      "unexpected end of input inside the string that "
+                      "starts at byte " +
+                          std::to_string(start) + " (truncated file?)");
       char c = text[pos];
       if (c == '"') {
         ++pos;
         return true;
       }
-      if (static_cast<unsigned char>(c) < 0x20)
-        return fail("control character inside a string (missing '\"'?)");
+      unsigned char byte = static_cast<unsigned char>(c);
+      if (byte < 0x20)
+        return fail("control character (byte 0x" + hex(byte) +
+                    ") inside a string (missing '\"'?); JSON escapes it");
+      if (byte >= 0x80) {
+        if (sequence == 0)
+          return fail("invalid UTF-8 (byte 0x" + hex(byte) +
+                      ") inside a string");
+        out.append(text.substr(pos, sequence));
+        pos += sequence;
+        continue;
+      }
       if (c != '\\') {
         out += c;
         ++pos;
         continue;
       }
-      ++pos;
+      size_t backslash = pos++;
       if (atEnd())
         return failUnexpected("an escape character");
       char escape = text[pos++];
@@ -303,23 +361,29 @@ private:
         if (code >= 0xd800 && code < 0xdc00) {
           // A high surrogate must be followed by an escaped low surrogate.
           unsigned low = 0;
-          if (text.substr(pos, 2) != "\\u")
-            return fail("unpaired UTF-16 surrogate in \\u escape");
-          pos += 2;
+          for (char expected : {'\\', 'u'}) {
+            if (atEnd())
+              return failUnexpected("the low surrogate's \\u escape");
+            if (text[pos] != expected)
+              return failAt(backslash,
+                            "unpaired UTF-16 surrogate in \\u escape");
+            ++pos;
+          }
           if (!parseHex4(low))
             return false;
           if (low < 0xdc00 || low >= 0xe000)
-            return fail("unpaired UTF-16 surrogate in \\u escape");
+            return failAt(backslash,
+                          "unpaired UTF-16 surrogate in \\u escape");
           code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
         } else if (code >= 0xdc00 && code < 0xe000) {
-          return fail("unpaired UTF-16 surrogate in \\u escape");
+          return failAt(backslash, "unpaired UTF-16 surrogate in \\u escape");
         }
         appendUtf8(out, code);
         break;
       }
       default:
-        --pos;
-        return fail(std::string("invalid escape '\\") + escape + "'");
+        return failAt(backslash, std::string("invalid escape '\\") +
+                                     escape + "'");
       }
     }
   }
@@ -355,13 +419,23 @@ private:
       if (digits() == 0)
         return failUnexpected("a digit in the exponent");
     }
-    std::string literal(text.substr(start, pos - start));
+    // std::from_chars reads the C locale's spelling whatever the process's
+    // locale is (strtod would stop at the '.' under a "," locale).
+    const char *first = text.data() + start, *last = text.data() + pos;
+    double number = 0.0;
+    std::from_chars_result parsed = std::from_chars(first, last, number);
+    if (parsed.ec != std::errc() || parsed.ptr != last ||
+        !std::isfinite(number)) {
+      std::string shown(text.substr(start, std::min<size_t>(pos - start, 40)));
+      return failAt(start, "number " + shown + (pos - start > 40 ? "..." : "") +
+                               " is outside the range of a double");
+    }
     result.valueKind = Value::Kind::Number;
-    result.numberValue = std::strtod(literal.c_str(), nullptr);
+    result.numberValue = number;
     if (integral) {
-      errno = 0;
-      long long value = std::strtoll(literal.c_str(), nullptr, 10);
-      if (errno == 0) {
+      int64_t value = 0;
+      parsed = std::from_chars(first, last, value);
+      if (parsed.ec == std::errc() && parsed.ptr == last) {
         result.isInteger = true;
         result.integerValue = value;
       }

@@ -80,8 +80,10 @@ struct ParseError {
 };
 
 /// Parses `text` as one JSON document (surrounding whitespace allowed).
-/// Returns false and fills `error` on malformed, truncated or too deeply
-/// nested input.
+/// Returns false and fills `error` on malformed or truncated input, a
+/// duplicate member name, a string that is not well-formed UTF-8, a number
+/// outside a double's range, or arrays and objects nested more than 128
+/// deep.
 bool parse(std::string_view text, Value &result, ParseError &error);
 
 } // namespace ce::json
