@@ -25,6 +25,10 @@ struct RowStats {
   Value max;  ///< f32, max_j x_j (-FLT_MAX for an all -inf row, NaN with NaN)
   Value rest; ///< f32, S - 1 where S = sum_j exp(x_j - max) (-1: no x > -inf)
   Value sum;  ///< f32, sum_j x_j, only when requested
+  /// f32, mean_j x_j - max, with the sum (label smoothing's term): from
+  /// the sum where it is finite and |max| < 2^24, else from the exact
+  /// re-sweep's shifted sum, which no finite row overflows.
+  Value meanShift;
 };
 
 /// Where one row lives: the logits memref and the indices in front of the

@@ -198,47 +198,114 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum) {
   RowStats stats = buildStatisticsSweep(row, vocab, withSum);
+  Value vocabF32 = arith::UIToFPOp::create(
+      b, b.getF32Type(),
+      arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
   // Outside |max| < 2^24 the folded exponents are unusable (stepRowState):
   // such a row (and an all -inf, infinite or NaN one) is swept again from
   // global memory with exact subtractions, one element per thread and step
   // (no real logits take this path; a scalar loop keeps its registers out of
-  // the way of the main sweep's). Every thread has the same max, so the
+  // the way of the main sweep's). So is a row whose plain sum overflowed
+  // (|x| V past FLT_MAX). Every thread has the same max and sum, so the
   // branch is uniform.
   Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
                                         math::AbsFOp::create(b, stats.max),
                                         f32(kFoldLimit));
-  SmallVector<Type, 3> types(withSum ? 3 : 2, b.getF32Type());
+  if (withSum)
+    unusual = arith::OrIOp::create(
+        b, unusual,
+        arith::CmpFOp::create(b, arith::CmpFPredicate::UEQ,
+                              math::AbsFOp::create(b, stats.sum), f32(kInf)));
+  SmallVector<Type, 4> types(withSum ? 4 : 2, b.getF32Type());
   auto valuesOf = [&](const RowStats &s) {
     SmallVector<Value> values = {s.max, s.rest};
     if (withSum)
-      values.push_back(s.sum);
+      values.append({s.sum, s.meanShift});
     return values;
   };
+  if (withSum)
+    stats.meanShift = arith::SubFOp::create(
+        b, arith::DivFOp::create(b, stats.sum, vocabF32), stats.max);
   SmallVector<Value> values = buildIfYield(
       b, unusual, types,
       [&] {
+        // With the sum, also sum_j (x_j - m) 2^-32 against the running
+        // maximum m, rescaled by count (m_old - m_new) 2^-32 as m grows:
+        // every term and partial sum is at most 2 FLT_MAX V 2^-32, finite
+        // for V < 2^31, and a row of equal values sums exact zeros. The
+        // sum is compensated (Kahan), so its error does not grow with V.
         SmallVector<Value> inits = {f32(kNoMax), f32(-1.0f)};
         if (withSum)
-          inits.push_back(f32(0.0f));
+          inits.append({f32(0.0f), f32(0.0f), f32(0.0f), f32(0.0f)});
+        Value scale = f32(0x1p-32f);
         scf::ForOp loop = buildTailLoop(
             index(0), vocab, inits,
             [&](Value j, ValueRange state) -> SmallVector<Value> {
               Value x = loadElement(row, j);
               auto [max, rest] = stepState(*this, b, state[0], state[1], {x});
               SmallVector<Value> next = {max, rest};
-              if (withSum)
-                next.push_back(arith::AddFOp::create(b, state[2], x));
+              if (!withSum)
+                return next;
+              Value newScaled = arith::MulFOp::create(b, max, scale);
+              Value regrown = arith::MulFOp::create(
+                  b, state[4],
+                  arith::SubFOp::create(
+                      b, arith::MulFOp::create(b, state[0], scale),
+                      newScaled));
+              Value term = arith::SubFOp::create(
+                  b, arith::MulFOp::create(b, x, scale), newScaled);
+              next.push_back(arith::AddFOp::create(b, state[2], x));
+              Value y = arith::SubFOp::create(
+                  b, arith::AddFOp::create(b, regrown, term), state[5]);
+              Value total = arith::AddFOp::create(b, state[3], y);
+              next.push_back(total);
+              next.push_back(arith::AddFOp::create(b, state[4], f32(1.0f)));
+              // An infinite term (a -inf logit) makes the sum infinite and
+              // the compensation NaN: the compensation is then dropped.
+              Value lost = arith::SubFOp::create(
+                  b, arith::SubFOp::create(b, total, state[3]), y);
+              next.push_back(arith::SelectOp::create(
+                  b,
+                  arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                        math::AbsFOp::create(b, lost),
+                                        f32(kInf)),
+                  lost, f32(0.0f)));
               return next;
             });
         RowStats exact;
         std::tie(exact.max, exact.rest) =
             allReduceState(loop.getResult(0), loop.getResult(1));
-        if (withSum)
+        if (withSum) {
           exact.sum = allReduceSum(loop.getResult(2));
+          // Each thread's shifted sum moved to the row's maximum (a thread
+          // that saw no element adds nothing), then summed.
+          Value count = loop.getResult(4);
+          Value moved = arith::MulFOp::create(
+              b, count,
+              arith::SubFOp::create(
+                  b, arith::MulFOp::create(b, loop.getResult(0), scale),
+                  arith::MulFOp::create(b, exact.max, scale)));
+          moved = arith::SelectOp::create(
+              b,
+              arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, count,
+                                    f32(0.0f)),
+              moved, f32(0.0f));
+          Value shifted = allReduceSum(arith::AddFOp::create(
+              b, arith::SubFOp::create(b, loop.getResult(3), loop.getResult(5)),
+              moved));
+          exact.meanShift = arith::MulFOp::create(
+              b, shifted,
+              arith::DivFOp::create(b, f32(0x1p32f), vocabF32));
+        }
         return valuesOf(exact);
       },
       [&] { return valuesOf(stats); });
-  return {values[0], values[1], withSum ? values[2] : Value()};
+  RowStats result{values[0], values[1]};
+  if (withSum) {
+    result.sum = values[2];
+    result.meanShift = values[3];
+  }
+  return result;
 }
 
 RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,

@@ -147,12 +147,11 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
                                       Value logProb) {
   Value loss = arith::NegFOp::create(b, logProb);
   if (hasSmoothing()) {
-    Value mean = arith::DivFOp::create(b, stats.sum, vocabF32);
-    // lse - mean as (max - mean) + log1p(rest): the rounding of lse
-    // (half an ulp of a large max) stays out of the difference.
-    Value smoothTerm =
-        arith::AddFOp::create(b, arith::SubFOp::create(b, stats.max, mean),
-                              rows.buildLog1p(stats.rest));
+    // lse - mean as log1p(rest) - (mean - max): the rounding of lse (half
+    // an ulp of a large max) stays out of the difference, and mean - max
+    // comes from a sum that cannot overflow (RowStats::meanShift).
+    Value smoothTerm = arith::SubFOp::create(b, rows.buildLog1p(stats.rest),
+                                             stats.meanShift);
     Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
     loss =
         arith::AddFOp::create(b, arith::MulFOp::create(b, keep, loss),

@@ -374,6 +374,15 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   if (plan.numTokens > 0 && plan.vocabSize == 0)
     return invalid("logits", "vocabulary size (last dimension) is 0 for " +
                                  std::to_string(plan.numTokens) + " tokens");
+  // Past 2^27 the f32 row sums lose the 1e-5 relative accuracy of the
+  // numerics contract (docs/lowering.md): refused, not silently worse.
+  if (plan.vocabSize > kMaxVocab)
+    return invalid("logits", "vocabulary size (last dimension) " +
+                                 std::to_string(plan.vocabSize) +
+                                 " exceeds 2^27 = " + std::to_string(kMaxVocab) +
+                                 ", the largest row the kernels keep to the "
+                                 "1e-5 loss accuracy of the numerics contract"
+                                 " (split the vocabulary over ranks)");
   if (plan.vocabSize > 1 && logits.strides[logits.ndim - 1] != 1)
     return invalid("logits", "the vocabulary dimension must have stride 1, "
                              "got strides " +

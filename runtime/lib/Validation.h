@@ -22,6 +22,10 @@
 
 namespace ce {
 
+/// The longest logits row (vocabulary, or vocabulary slice) a launch takes:
+/// past it the f32 row sums lose the numerics contract's 1e-5 accuracy.
+inline constexpr int64_t kMaxVocab = int64_t(1) << 27;
+
 /// The arguments of one ce_forward/ce_backward/ce_fused/ce_shard_stats call. Tensors an op
 /// does not take are null.
 struct LaunchRequest {

@@ -9,8 +9,8 @@
 // over a fixed list of shapes (V from 1 to 128256, N from 0 to a few dozen),
 // packed and as strided views, with special rows (-inf everywhere but one
 // entry, a target probability above 0.999, large offsets, maxima past 2^24
-// and near 2^100, a half row near -1e30), ignored tokens and
-// an all-ignored batch, per-token and broadcast upstream gradients or
+// and near 2^100, a half row near -1e30, a row whose plain sum overflows),
+// ignored tokens and an all-ignored batch, per-token and broadcast upstream gradients or
 // weights, and with out-of-range labels in memory that faults beyond the
 // tensors. Outputs are poisoned before each call; padding and inputs must
 // survive it. Tolerances (the issue's numerics contract):
@@ -298,7 +298,7 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
   // Special rows on the first tokens.
   if (spec.specialRows && v >= 2) {
     bool f16 = type == ElemType::F16;
-    for (int64_t t = 0; t < std::min<int64_t>(n, 7); ++t) {
+    for (int64_t t = 0; t < std::min<int64_t>(n, 8); ++t) {
       double *row = &p.x[t * v];
       int64_t label = anyLabel(rng);
       p.labels[t] = label;
@@ -341,11 +341,21 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
         for (int64_t j = 0; j < v; ++j)
           row[j] = roundTo(
               type, unit * (64.0 + std::clamp(std::round(row[j]), -8.0, 8.0)));
-      } else {
+      } else if (t == 6) {
         // A first half far below the rest: the running maximum starts
         // below -2^24 and then grows.
         for (int64_t j = 0; j < v / 2; ++j)
           row[j] = roundTo(type, row[j] - 1.0e30);
+      } else {
+        // Every other value near the most negative finite one, the rest
+        // ordinary: the maximum is small, but the plain row sum overflows
+        // f32, so label smoothing's mean is taken from the re-sweep's
+        // shifted sum (issue 23, item 4). The loss is finite, about
+        // s * FLT_MAX / 2.
+        double most = f16 ? -65504.0 : -3.0e38;
+        for (int64_t j = 0; j < v; j += 2)
+          row[j] = roundTo(type, most);
+        p.labels[t] = std::min<int64_t>(v - 1, 1);
       }
     }
   }

@@ -189,6 +189,10 @@ const Case kCases[] = {
      "labels: data is NULL but the tensor has 5 elements"},
     {"empty vocabulary", Fwd, false, [](Call &c) { c.tLogits.sizes[1] = 0; },
      "logits: vocabulary size (last dimension) is 0 for 5 tokens"},
+    {"vocabulary past 2^27", Fwd, false,
+     [](Call &c) { c.tLogits.sizes[1] = (int64_t(1) << 27) + 1; },
+     "logits: vocabulary size (last dimension) 134217729 exceeds 2^27 = "
+     "134217728"},
     {"too many elements", Fwd, false,
      [](Call &c) {
        c.tLogits.sizes[0] = int64_t(1) << 40;
