@@ -18,12 +18,22 @@ Two schedules:
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
 
-Not covered yet (cegen.cross_entropy has none of them either, or they live elsewhere):
-logit scale and softcap, vocabulary-parallel weights, the Megatron integration.
+Vocabulary-parallel weights (``tp_group``): each rank holds its vocabulary slice of the
+weight, ``[V_local, H]``, and the same hidden states and (global) labels. Per chunk the
+slice's logits give the ``shard_stats`` kernel's statistics, which the single all-reduce of
+:mod:`cegen.tensor_parallel` combines into the loss and log-sum-exp (the recompute schedule
+gathers every chunk's statistics and all-reduces once); the sharded backward kernel writes
+the slice's gradient ``G_r``. ``d weight`` (and ``d bias``) stay per rank; ``d hidden`` is
+``sum_r G_r W_r``, one all-reduce in the backward, as Megatron's output layer
+(ColumnParallelLinear) reduces its input gradient.
+
+Not covered yet: logit scale and softcap (cegen.cross_entropy has neither), sequence
+parallelism (hidden split over the sequence).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional, Tuple, Union
 
@@ -32,7 +42,9 @@ from torch.autograd.function import once_differentiable
 
 from . import _kernels, _validate
 from ._errors import InvalidInputError
-from ._kernels import KernelOptions
+from ._kernels import KernelOptions, Shard
+from .tensor_parallel import (_rank_and_world, _sharded_forward, reduce_and_combine,
+                              stats_slots, write_shard_stats)
 
 __all__ = ["linear_cross_entropy", "default_chunk_tokens"]
 
@@ -94,27 +106,65 @@ def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[
     return grad_hidden, grad_weight, grad_bias
 
 
+@dataclasses.dataclass(frozen=True)
+class _VocabParallel:
+    """This rank's place in the tensor-parallel group the weight's vocabulary is split over."""
+
+    group: Any
+    rank: int
+    world: int
+    #: Sum d hidden over the ranks (False: the caller reduces it, e.g. a reduce-scatter).
+    reduce_grad_hidden: bool = True
+
+
+def _sharded_lse(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 labels: torch.Tensor, options: KernelOptions, chunk: int,
+                 tp: _VocabParallel) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse) of every token from the slice's statistics, chunk by chunk, and one
+    all-reduce for all of them (the schedule whose backward recomputes)."""
+    gathered = stats_slots(tp.world, (hidden.shape[0],), hidden.device)
+    for start, end in _chunks(hidden.shape[0], chunk):
+        logits = _logits_of(hidden[start:end], weight, bias)
+        write_shard_stats(logits, labels[start:end], options, gathered[tp.rank, start:end])
+        del logits
+    return reduce_and_combine(gathered, labels, tp.group, tp.rank, tp.world, options,
+                              weight.shape[0])
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Rows of ``hidden`` ``[N, H]``, ``weight`` ``[V, H]``, row labels ``[N]``."""
+    """Rows of ``hidden`` ``[N, H]``, ``weight`` ``[V, H]`` (a vocabulary slice with
+    ``tp``), row labels ``[N]``."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
                 bias: Optional[torch.Tensor], labels: torch.Tensor,
                 weights: Optional[torch.Tensor], options: KernelOptions,
-                chunk: int) -> torch.Tensor:
+                chunk: int, tp: Optional[_VocabParallel]) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        loss = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
-        lse = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
         needs_grad = any(ctx.needs_input_grad[:3])
         fused = needs_grad and weights is not None
+        ctx.options, ctx.chunk, ctx.tp, ctx.grads = options, chunk, tp, None
+        if tp is not None and not fused:
+            loss, lse = _sharded_lse(hidden, weight, bias, labels, options, chunk, tp)
+            ctx.save_for_backward(hidden, weight, bias, labels, lse, None)
+            return loss
+        loss = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
+        lse = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
         if fused:
             grads = _zero_grads(hidden, weight, bias)
         for start, end in _chunks(num_tokens, chunk):
             logits = _logits_of(hidden[start:end], weight, bias)
             if fused:
                 chunk_weights = weights if weights.dim() == 0 else weights[start:end]
-                loss_c, lse_c, _ = _kernels.fused(logits, labels[start:end], chunk_weights,
-                                                  options, overwrite=True)
+                if tp is None:
+                    loss_c, lse_c, _ = _kernels.fused(logits, labels[start:end], chunk_weights,
+                                                      options, overwrite=True)
+                else:  # the statistics' all-reduce first: the gradient needs the global lse
+                    loss_c, lse_c = _sharded_forward(logits, labels[start:end], tp.group,
+                                                     tp.rank, tp.world, options)
+                    _kernels.backward(logits, labels[start:end], lse_c,
+                                      chunk_weights.expand(end - start), options,
+                                      overwrite=True)
                 _accumulate(grads[0][start:end], grads[1], grads[2], logits,
                             hidden[start:end], weight)
             else:
@@ -122,29 +172,32 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss[start:end] = loss_c
             lse[start:end] = lse_c
             del logits
-        ctx.options, ctx.chunk, ctx.has_bias = options, chunk, bias is not None
-        if fused:
-            ctx.save_for_backward(hidden, weight, bias, labels, lse, weights, *grads[:2],
-                                  grads[2])
-        else:
-            ctx.save_for_backward(hidden, weight, bias, labels, lse, None, None, None, None)
-        ctx.fused = fused
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, weights)
+        # Not saved tensors: the backward hands them on (or drops them) and releases them,
+        # so that they do not live on with the graph; a second backward of a retained graph
+        # recomputes.
+        ctx.grads = grads if fused else None
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        (hidden, weight, bias, labels, lse, weights, grad_hidden, grad_weight,
-         grad_bias) = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, weights = ctx.saved_tensors
         grad_loss = grad_loss.float()
-        if ctx.fused:
+        grads, ctx.grads = ctx.grads, None
+        if grads is not None:
             expected = weights.expand_as(grad_loss) if weights.dim() == 0 else weights
             # One device-to-host read: whether the forward's gradients are the answer.
-            if bool(torch.equal(grad_loss, expected.to(grad_loss.dtype))):
-                return grad_hidden, grad_weight, grad_bias, None, None, None, None
-        grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss, ctx.options,
-                                 ctx.chunk)
-        return grads[0], grads[1], grads[2], None, None, None, None
+            if not bool(torch.equal(grad_loss, expected.to(grad_loss.dtype))):
+                grads = None  # released before the recompute allocates its own
+        if grads is None:
+            grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss, ctx.options,
+                                     ctx.chunk)
+        if ctx.tp is not None and ctx.tp.reduce_grad_hidden and ctx.needs_input_grad[0]:
+            # Every rank reduces once per backward, whichever branch it took: d hidden is
+            # this rank's share sum_t G_r W_r until it is summed over the ranks.
+            torch.distributed.all_reduce(grads[0], group=ctx.tp.group)
+        return grads[0], grads[1], grads[2], None, None, None, None, None
 
 
 def _row_labels(labels: torch.Tensor, hidden_shape: Tuple[int, ...],
@@ -183,6 +236,35 @@ def _row_weights(grad_weights: GradWeights, hidden: torch.Tensor, hidden_shape,
     return _row_labels(weights, hidden_shape, label_layout)
 
 
+def _vocab_parallel(group: Any, vocab_start: Any, vocab_size: Any, global_smoothing: Any,
+                    reduce_grad_hidden: Any, vocab_local: int,
+                    ) -> Tuple[Optional[_VocabParallel], Optional[Shard]]:
+    """This rank's place and vocabulary slice, or (None, None) without tensor parallelism."""
+    vocab_start = _validate.integer("vocab_start", vocab_start, 0, allow_none=True)
+    vocab_size = _validate.integer("vocab_size", vocab_size, 1, allow_none=True)
+    global_smoothing = _validate.flag("global_smoothing", global_smoothing)
+    reduce_grad_hidden = _validate.flag("reduce_grad_hidden", reduce_grad_hidden)
+    if (vocab_start is None) != (vocab_size is None):
+        raise InvalidInputError("give both vocab_start and vocab_size, or neither")
+    if group is None:
+        if vocab_start is not None:
+            raise InvalidInputError(
+                "vocab_start and vocab_size describe a slice of the vocabulary split over "
+                "tp_group, and no tp_group was given")
+        return None, None
+    rank, world = _rank_and_world(group)
+    if vocab_start is None:
+        vocab_start, vocab_size = rank * vocab_local, world * vocab_local
+    if vocab_start + vocab_local > vocab_size:
+        raise InvalidInputError(
+            f"the weight's slice [{vocab_start}, {vocab_start} + {vocab_local}) exceeds the "
+            f"vocabulary of {vocab_size}")
+    if world == 1 and vocab_size == vocab_local:
+        return None, None  # the whole vocabulary: the kernels of one device
+    shard = Shard(start=vocab_start, vocab=vocab_size, global_smoothing=global_smoothing)
+    return _VocabParallel(group, rank, world, reduce_grad_hidden), shard
+
+
 def linear_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -197,6 +279,11 @@ def linear_cross_entropy(
     chunk_tokens: Optional[int] = None,
     bundle: Union[None, str, "os.PathLike[str]"] = None,
     label_out_of_range: str = "error",
+    tp_group: Any = None,
+    vocab_start: Optional[int] = None,
+    vocab_size: Optional[int] = None,
+    global_smoothing: bool = False,
+    reduce_grad_hidden: bool = True,
 ) -> torch.Tensor:
     """Per-token cross entropy (fp32) of the logits ``hidden @ weight.T + bias``, computed a
     chunk of tokens at a time so that the ``[N, V]`` logits never exist in full.
@@ -215,6 +302,24 @@ def linear_cross_entropy(
         chunk_tokens: tokens per chunk (default: 256 MiB of logits).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
+        tp_group: the ``torch.distributed`` process group the vocabulary is split over
+            (None, the default: ``weight`` holds the whole vocabulary, no collective). Every
+            rank of the group calls with the same ``hidden``, labels (global ids) and
+            options, and its slice of ``weight`` (and ``bias``): the loss is
+            :func:`cegen.vocab_parallel_cross_entropy`'s of the slice's logits, ``d hidden``
+            is summed over the ranks (one all-reduce in the backward) and ``d weight`` is the
+            rank's slice's.
+        vocab_start, vocab_size: with ``tp_group``, the slice's first global id and the
+            whole vocabulary; by default equal slices, ``rank * V_local`` of
+            ``world * V_local`` (Megatron's). Give both for slices of unequal sizes.
+        global_smoothing: with ``tp_group`` and label smoothing, smooth over the whole
+            vocabulary (the loss of the unsharded weight). The default, False, is
+            Megatron-Core's tensor-parallel smoothing (each rank towards its own slice's
+            mean, as :func:`cegen.vocab_parallel_cross_entropy`).
+        reduce_grad_hidden: with ``tp_group``, all-reduce ``d hidden`` over the group (the
+            default, as Megatron's output layer without sequence parallelism). False returns
+            each rank's share ``G_r W_r``, for a caller that sums it itself (sequence
+            parallelism: the backward of the all-gather of ``hidden`` is a reduce-scatter).
 
     Returns:
         The per-token loss, float32, in the labels' shape; differentiable w.r.t. ``hidden``,
@@ -240,6 +345,10 @@ def linear_cross_entropy(
     chunk_tokens = _validate.integer("chunk_tokens", chunk_tokens, 1, allow_none=True)
     options = KernelOptions(ignore_index, label_smoothing, z_loss, "bs",
                             _validate.bundle(bundle), label_out_of_range=label_out_of_range)
+    tp, shard = _vocab_parallel(tp_group, vocab_start, vocab_size, global_smoothing,
+                                reduce_grad_hidden, weight.shape[0])
+    if shard is not None:
+        options = dataclasses.replace(options, shard=shard)
     label_layout = _validate.label_layout(label_layout)
     hidden_shape = tuple(hidden.shape)
     rows = hidden.reshape(-1, hidden.shape[-1])
@@ -249,7 +358,8 @@ def linear_cross_entropy(
     weights = _row_weights(grad_weights, hidden, hidden_shape, label_layout)
     chunk = chunk_tokens or default_chunk_tokens(rows.shape[0], weight.shape[0],
                                                  hidden.element_size())
-    loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk)
+    loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk,
+                                     tp)
     if len(hidden_shape) == 3:
         loss = loss.view(hidden_shape[0], hidden_shape[1])  # [S, B]
         if label_layout == "bs":

@@ -169,24 +169,43 @@ def _rank_and_world(group: Any) -> Tuple[int, int]:
     return rank, world
 
 
-def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
-                     world: int, options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse) of this rank: its shard statistics, one all-reduce, the combine."""
-    gathered = torch.zeros((world,) + tuple(labels.shape) + (len(STATS_FIELDS),),
-                           dtype=torch.float32, device=logits.device)
+def stats_slots(world: int, tokens: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The zeroed ``[world, *tokens, 4]`` fp32 buffer of every rank's shard statistics."""
+    return torch.zeros((world,) + tuple(tokens) + (len(STATS_FIELDS),), dtype=torch.float32,
+                       device=device)
+
+
+def write_shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
+                      out: torch.Tensor) -> None:
+    """This rank's statistics of ``logits`` (the slice ``options.shard``) into ``out``,
+    its slot of :func:`stats_slots` (or a range of tokens of it)."""
     # z-loss is a function of the global lse: the combine adds it, the statistics do not.
-    _kernels.shard_stats(logits, labels, dataclasses.replace(options, z_loss=0.0),
-                         out=gathered[rank])
+    _kernels.shard_stats(logits, labels, dataclasses.replace(options, z_loss=0.0), out=out)
+
+
+def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
+                       world: int, options: KernelOptions,
+                       vocab_local: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The one all-reduce (SUM: every other slot is 0, so it is an all-gather) and the
+    combine: (loss, lse) of this rank from ``gathered`` with its own slot filled."""
     if world > 1:
-        torch.distributed.all_reduce(gathered, group=group)  # SUM; the other slots are 0
+        torch.distributed.all_reduce(gathered, group=group)
     shard = options.shard
     return combine_shard_stats(
         gathered, labels, ignore_index=options.ignore_index,
         label_smoothing=options.label_smoothing, z_loss=options.z_loss,
-        vocab_local=logits.shape[-1], vocab=shard.vocab,
+        vocab_local=vocab_local, vocab=shard.vocab,
         global_smoothing=shard.global_smoothing, rank=rank,
         label_out_of_range=options.label_out_of_range,
     )
+
+
+def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
+                     world: int, options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse) of this rank: its shard statistics, one all-reduce, the combine."""
+    gathered = stats_slots(world, tuple(labels.shape), logits.device)
+    write_shard_stats(logits, labels, options, gathered[rank])
+    return reduce_and_combine(gathered, labels, group, rank, world, options, logits.shape[-1])
 
 
 class _VocabParallelCrossEntropyFunction(torch.autograd.Function):

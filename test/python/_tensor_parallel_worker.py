@@ -7,7 +7,9 @@ Usage (the test runs it; by hand only to debug)::
 
 It joins a gloo group through the TCP store the test holds on 127.0.0.1:P, runs every
 case of ``IN.pt`` on its vocabulary slice of the logits with
-``cegen.vocab_parallel_cross_entropy`` (and, with W = 2, the Megatron stand-in), and saves
+``cegen.vocab_parallel_cross_entropy`` (and, with W = 2, the Megatron stand-in; with a
+"linear" entry, test_linear_cross_entropy.py's cases of ``cegen.linear_cross_entropy``, see
+``_linear_parallel_cases.py``), and saves
 what each case returned (loss, gradient slice, errors, warnings) to ``OUT.pt``; the test
 compares them. A case that raises is recorded, not fatal: every rank raises alike (the
 inputs are the same), so no rank is left waiting in a collective.
@@ -190,17 +192,21 @@ def main() -> None:
                             timeout=TIMEOUT)
     inputs = torch.load(args.inputs)
     results: Dict[str, Any] = {}
-    for case in inputs["cases"]:
+    for case in inputs.get("cases", []):
         results[case["name"]] = run_case(case, args.rank, args.world, None)
-    if args.world == 4:
+    if args.world == 4 and "subgroup_cases" in inputs:
         # Two tensor-parallel groups of two (data parallel x TP): ranks within each group.
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         for case in inputs["cases"]:
             if case["name"] in inputs["subgroup_cases"]:
                 results["pairs/" + case["name"]] = run_case(case, args.rank % 2, 2,
                                                             pairs[args.rank // 2])
-    if args.world == 2:
+    if args.world == 2 and "megatron" in inputs:
         results["megatron"] = run_megatron(inputs["megatron"], args.rank, args.world)
+    if "linear" in inputs:  # test_linear_cross_entropy.py's vocab-parallel weights
+        from _linear_parallel_cases import run_cases
+
+        results["linear"] = run_cases(inputs["linear"], args.rank, args.world)
     dist.barrier()
     torch.save(results, args.output)
     dist.destroy_process_group()

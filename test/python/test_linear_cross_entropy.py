@@ -6,19 +6,30 @@ small, so that a chunk of one token, a last partial chunk and ignored tokens acr
 chunk boundary all occur; both schedules are covered (grad_weights known in the forward,
 and the backward that recomputes each chunk's logits), with upstream gradients that match
 the weights, differ from them, are stride-0 and are zero.
+
+Vocab-parallel weights (:class:`VocabParallelTest`): gloo groups of 2 and 3 CPU processes
+(test_tensor_parallel.py's worker, cases in _linear_parallel_cases.py), equal and unequal
+slices, against the float64 reference on the unsharded weight (each rank's loss, d hidden
+summed over the ranks, each rank's d weight and d bias slice) and against TP = 1.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
+import time
 import unittest
+from pathlib import Path
 
 import torch
 
+import _support as S
 from _support import SEED, kernels_missing
 
 import cegen
 from cegen import linear
+import _linear_parallel_cases as cases
 
 SKIP = kernels_missing()
 
@@ -161,6 +172,255 @@ class LinearCrossEntropyTest(unittest.TestCase):
             cegen.linear_cross_entropy(h32, w32, bad)
 
 
+
+
+def reference_sharded(hidden, weight, bias, labels, upstream, bounds, *, ignore_index=None,
+                      label_smoothing=0.0, z_loss=0.0, global_smoothing=True,
+                      label_out_of_range="error"):
+    """Float64, rows [N, H], labels [N], the vocabulary split at ``bounds``: every rank's
+    loss ``[world, N]``, d hidden (``sum_r G_r W_r``), each rank's share ``G_r W_r``, and
+    d weight and d bias of the whole weight (rank r's rows are its slice's), where ``G_r``
+    is the gradient of ``sum upstream * loss_r`` w.r.t. rank r's logits. With
+    ``global_smoothing`` every ``loss_r`` is the unsharded loss; otherwise rank r smooths
+    towards its own slice's mean with ``s = alpha V_r / (V_r - 1)`` (Megatron-Core's)."""
+    logits = hidden @ weight.t()
+    if bias is not None:
+        logits = logits + bias
+    logits = logits.detach().requires_grad_(True)
+    vocab = logits.shape[-1]
+    lse = torch.logsumexp(logits, dim=-1)
+    inside = (labels >= 0) & (labels < vocab)
+    target = logits.gather(-1, labels.clamp(0, vocab - 1)[:, None])[:, 0]
+    if label_out_of_range == "megatron":
+        target = torch.where(inside, target, logits.max(dim=-1)[0].detach())
+    grad_logits = torch.zeros_like(logits)
+    losses = []
+    for start, end in bounds:
+        loss = lse - target
+        if label_smoothing:
+            width = vocab if global_smoothing else end - start
+            mean = logits.mean(dim=-1) if global_smoothing else logits[:, start:end].mean(dim=-1)
+            s = label_smoothing * width / (width - 1)
+            loss = (1 - s) * loss + s * (lse - mean)
+        if z_loss:
+            loss = loss + z_loss * lse * lse
+        if ignore_index is not None:
+            loss = torch.where(labels == ignore_index, torch.zeros_like(loss), loss)
+        (grad,) = torch.autograd.grad(loss, logits, upstream, retain_graph=True)
+        grad_logits[:, start:end] = grad[:, start:end]
+        losses.append(loss.detach())
+    shares = [grad_logits[:, a:b] @ weight[a:b] for a, b in bounds]
+    return {"loss": torch.stack(losses), "grad_hidden": grad_logits @ weight, "shares": shares,
+            "grad_weight": grad_logits.t() @ hidden, "grad_bias": grad_logits.sum(dim=0)}
+
+
+#: Tokens, hidden size and a vocabulary that 2 and 3 ranks split evenly (21 and 14 ids).
+N, H, V = 11, 16, 42
+
+
+def parallel_cases():
+    """The calls every rank makes: chunks of 1 token, 3 (ignored tokens 2 and 3 on both
+    sides of the first boundary), 4 (a last partial chunk of 3) and more than N; every
+    schedule; equal and unequal slices; Megatron's smoothing; [S, B, H] with Megatron's
+    labels; d hidden left unreduced; a bad label."""
+    c = cases.case
+    made = [c(f"chunk{chunk}-{schedule}", schedule=schedule, chunk=chunk)
+            for chunk in (1, 3, 4, N + 5)
+            for schedule in ("recompute", "fused-match", "fused-differ", "mean")]
+    made += [
+        c("sum", schedule="sum", chunk=3, bias=False),
+        c("zeros", schedule="zeros", chunk=4),
+        c("fused-twice", schedule="fused-twice", chunk=3),
+        c("no-grad", schedule="no-grad", chunk=4),
+        c("plain-options", schedule="recompute", chunk=3, label_smoothing=0.0, z_loss=0.0,
+          bias=False),
+        c("local-smoothing-recompute", schedule="recompute", chunk=3, global_smoothing=False),
+        c("local-smoothing-fused", schedule="fused-match", chunk=4, global_smoothing=False),
+        c("sbh-sft-recompute", schedule="recompute", chunk=4, layout="sbh", labels="sft",
+          bias=False, ignore_index=None),
+        c("sbh-sft-fused", schedule="fused-match", chunk=5, layout="sbh", labels="sft",
+          bias=False, ignore_index=None),
+        c("unreduced-recompute", schedule="recompute", chunk=3, reduce_grad_hidden=False),
+        c("unreduced-fused", schedule="fused-match", chunk=3, reduce_grad_hidden=False),
+        c("bad-label", schedule="recompute", chunk=3, labels="bad"),
+    ]
+    made += [c(f"uneven-{schedule}", schedule=schedule, chunk=3, uneven=True)
+             for schedule in ("recompute", "fused-match", "mean", "no-grad")]
+    made.append(c("uneven-local-smoothing", schedule="fused-match", chunk=4, uneven=True,
+                  global_smoothing=False))
+    return made
+
+
+def parallel_spec():
+    gen = torch.Generator().manual_seed(SEED + 7)
+    labels = torch.randint(0, V, (N,), generator=gen)
+    labels[2] = labels[3] = -100
+    bad = labels.clone()
+    bad[5] = V + 3
+    seq, batch = 4, 3
+    return {
+        "hidden": torch.randn((N, H), generator=gen, dtype=torch.float64),
+        "weight": torch.randn((V, H), generator=gen, dtype=torch.float64) * 0.5,
+        "bias": torch.randn((V,), generator=gen, dtype=torch.float64),
+        "labels": labels, "bad_labels": bad,
+        "upstream": torch.rand((N,), generator=gen, dtype=torch.float64) + 0.5,
+        "hidden_sbh": torch.randn((seq, batch, H), generator=gen, dtype=torch.float64),
+        "labels_bs": torch.randint(0, V, (batch, seq), generator=gen),
+        "sft_labels_bs": S.sft_labels((batch, seq), V, offset=SEED % 1000),
+        "upstream_bs": torch.rand((batch, seq), generator=gen, dtype=torch.float64) + 0.5,
+        "cases": parallel_cases(),
+    }
+
+
+def as_rows(case, data):
+    """(hidden [N, H], labels [N], upstream [N]) in token order s * B + b."""
+    hidden, labels, upstream = data["hidden"], data["labels"], data["upstream"]
+    if case["layout"] == "sbh":
+        return (hidden.reshape(-1, hidden.shape[-1]), labels.t().reshape(-1),
+                upstream.t().reshape(-1))
+    return hidden, labels, upstream
+
+
+def loss_rows(case, loss):
+    return loss.t().reshape(-1) if case["layout"] == "sbh" else loss
+
+
+@S.requires_kernels
+@unittest.skipUnless(torch.distributed.is_available() and torch.distributed.is_gloo_available(),
+                     "this PyTorch has no torch.distributed with gloo")
+class VocabParallelTest(unittest.TestCase):
+    """gloo groups of 2 and 3 CPU processes, every case in one run per group."""
+
+    WORLDS = (2, 3)
+
+    @classmethod
+    def setUpClass(cls):
+        import test_tensor_parallel as tp_test
+
+        directory = Path(tempfile.mkdtemp(prefix="cegen-linear-tp-test-"))
+        cls.addClassCleanup(shutil.rmtree, directory, True)
+        cls.spec = parallel_spec()
+        path = directory / "inputs.pt"
+        torch.save({"linear": cls.spec}, path)
+        deadline = time.monotonic() + tp_test.GROUP_TIMEOUT_S
+        groups = {world: tp_test.start_group(world, path, directory) for world in cls.WORLDS}
+        cls.results, failures = {}, []
+        for world in cls.WORLDS:  # every group is waited for (or killed), even after a failure
+            try:
+                cls.results[world] = [r["linear"] for r in tp_test.collect(groups[world], world,
+                                                                            deadline)]
+            except AssertionError as error:
+                failures.append(str(error))
+        if failures:
+            raise AssertionError("\n\n".join(failures))
+
+    def close(self, got, want, what, scale_floor=1.0):
+        self.assertIsNotNone(got, f"{what}: missing")
+        scale = max(scale_floor, float(want.abs().max()))
+        error = float((got.double() - want).abs().max())
+        self.assertLessEqual(error, 2e-5 * scale, f"{what}: off by {error} (seed {SEED})")
+
+    def expected(self, case, world):
+        data = cases.inputs_of(self.spec, case)
+        hidden, labels, upstream = as_rows(case, data)
+        bounds = cases.slice_bounds(V, world, case["uneven"])
+        if case["schedule"] == "fused-twice":  # two backward passes: the gradients add up
+            upstream = 2 * upstream
+        ref = reference_sharded(hidden, self.spec["weight"],
+                                self.spec["bias"] if case["bias"] else None, labels, upstream,
+                                bounds, **case["options"])
+        return bounds, ref
+
+    def test_against_float64_on_the_unsharded_weight(self):
+        for world in self.WORLDS:
+            for case in self.spec["cases"]:
+                if case["labels"] == "bad":
+                    continue
+                with self.subTest(world=world, case=case["name"]):
+                    self.check(case, world, [ranks[case["name"]] for ranks in self.results[world]])
+
+    def check(self, case, world, ranks):
+        bounds, ref = self.expected(case, world)
+        name, schedule = case["name"], case["schedule"]
+        shares = []
+        for rank, result in enumerate(ranks):
+            what = f"{name} world={world} rank={rank}"
+            self.assertNotIn("error", result, result.get("traceback"))
+            self.close(loss_rows(case, result["loss"]), ref["loss"][rank], f"{what} loss")
+            if schedule == "no-grad":
+                self.assertIsNone(result["grad_hidden"])
+                continue
+            grad_hidden = result["grad_hidden"].reshape(-1, H)
+            if case["reduce_grad_hidden"]:
+                self.close(grad_hidden, ref["grad_hidden"], f"{what} d hidden")
+            else:
+                self.close(grad_hidden, ref["shares"][rank], f"{what} d hidden share")
+                shares.append(grad_hidden.double())
+            start, end = bounds[rank]
+            self.assertEqual(tuple(result["grad_weight"].shape), (end - start, H))
+            self.close(result["grad_weight"], ref["grad_weight"][start:end], f"{what} d weight")
+            if case["bias"]:
+                self.close(result["grad_bias"], ref["grad_bias"][start:end], f"{what} d bias")
+            # The forward's gradients are the answer exactly when the upstream is grad_weights.
+            # The second backward of "fused-twice" recomputes: the first released them.
+            expected_recomputes = 0 if schedule in ("fused-match", "mean") else 1
+            self.assertEqual(result["recomputes"], expected_recomputes, f"{what} recomputes")
+        if shares:
+            self.close(sum(shares), ref["grad_hidden"], f"{name} world={world} sum of shares")
+        if not case["options"]["global_smoothing"] and case["options"]["label_smoothing"]:
+            self.assertFalse(torch.equal(ranks[0]["loss"], ranks[1]["loss"]),
+                             "Megatron's smoothing gave every rank the same loss")
+
+    def test_equal_to_tp1(self):
+        for case in self.spec["cases"]:
+            options = case["options"]
+            if (case["labels"] == "bad" or not case["reduce_grad_hidden"]
+                    or (options["label_smoothing"] and not options["global_smoothing"])):
+                continue
+            single = cases.run_one(self.spec, dict(case, uneven=False), 0, 1, None)
+            self.assertNotIn("error", single, single.get("traceback"))
+            for world in self.WORLDS:
+                ranks = [r[case["name"]] for r in self.results[world]]
+                bounds = cases.slice_bounds(V, world, case["uneven"])
+                with self.subTest(world=world, case=case["name"]):
+                    for rank, result in enumerate(ranks):
+                        self.assertNotIn("error", result, result.get("traceback"))
+                        self.close(result["loss"], single["loss"], f"rank {rank} loss vs TP=1")
+                        if case["schedule"] != "no-grad":
+                            self.close(result["grad_hidden"], single["grad_hidden"],
+                                       f"rank {rank} d hidden vs TP=1")
+                    if case["schedule"] == "no-grad":
+                        continue
+                    self.assertEqual([b[0] for b in bounds[1:]], [b[1] for b in bounds[:-1]])
+                    self.close(torch.cat([r["grad_weight"] for r in ranks]),
+                               single["grad_weight"], "d weight vs TP=1")
+
+    def test_bad_label_raises_on_every_rank(self):
+        for world in self.WORLDS:
+            for rank, ranks in enumerate(self.results[world]):
+                result = ranks["bad-label"]
+                self.assertEqual(result.get("error"), "LabelOutOfRangeError",
+                                 f"world {world} rank {rank}: {result}")
+                self.assertIn(str(V + 3), result["message"])
+
+
+@S.requires_kernels
+class VocabParallelArgumentsTest(unittest.TestCase):
+    """The tensor-parallel arguments' checks that need no process group."""
+
+    def test_bad_arguments(self):
+        hidden, weight = torch.randn(4, 8), torch.randn(6, 8)
+        labels = torch.randint(0, 6, (4,))
+        calls = [
+            (dict(vocab_start=0, vocab_size=6), "no tp_group was given"),
+            (dict(vocab_start=0), "give both vocab_start and vocab_size"),
+            (dict(tp_group=object()), "torch.distributed is not initialized"),
+            (dict(reduce_grad_hidden="no"), "reduce_grad_hidden must be True or False"),
+        ]
+        for kwargs, message in calls:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(cegen.InvalidInputError, re.escape(message)):
+                    cegen.linear_cross_entropy(hidden, weight, labels, **kwargs)
 
 
 class DefaultChunkTest(unittest.TestCase):
