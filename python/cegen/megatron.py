@@ -39,6 +39,19 @@ the row maximum) and the gradient ``softmax`` without a one-hot term
 ``parallel_cross_entropy``, whose ``ignore_idx`` is -100) a label -100 gets loss 0 and a
 zero gradient row, as in TE, and any other label outside ``[0, V)`` Core's values (TE's
 own loss there is +inf, which a zero ``loss_mask`` turns into NaN). docs/megatron.md.
+
+With ``--turbo-ce-fuse-output-layer`` too, ``GPTModel._postprocess`` is patched as well: for
+a training or evaluation step's main loss it computes the output layer and the loss together
+with :func:`cegen.linear_cross_entropy` (chunks of tokens; the ``[s, b, v]`` logits never
+exist), at any tensor-parallel size (the weight's vocabulary rows, ``d hidden`` reduced over
+the group as ColumnParallelLinear's) and with sequence parallelism (Megatron's all-gather of
+the hidden states, whose backward reduce-scatters), tied embeddings and a bias. It falls
+back to the original post-processing, logged once per reason, for everything else: no
+labels (the caller wants the logits), inference, MTP layers, an output_processor, gathered
+logits (``runtime_gather_output``, ``parallel_output=False``), MuP's logit scaling, the
+config logger, deferred embedding weight gradients, full-iteration CUDA graphs, another
+output layer or loss, other dtypes. With ``--turbo-ce-fused-gradient`` the forward finishes the gradients for the
+upstream gradient the step is predicted to give (three GEMMs instead of four).
 """
 
 from __future__ import annotations
@@ -46,6 +59,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import inspect
 import logging
 import sys
 import threading
@@ -58,6 +72,7 @@ from . import _validate
 from ._errors import InvalidInputError
 from ._ownership import is_compiling
 from ._runtime import runtime_available
+from .linear import linear_cross_entropy
 from .ops import cross_entropy_vouched
 from .tensor_parallel import vocab_parallel_cross_entropy_vouched
 
@@ -85,6 +100,7 @@ YAML_SECTION = "turbo_cross_entropy"
 YAML_OPTION = "--turbo-ce-yaml"
 
 _LANGUAGE_MODULE_PATH = "megatron.core.models.common.language_module.language_module"
+_GPT_MODEL_PATH = "megatron.core.models.gpt.gpt_model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +110,7 @@ class TurboCESettings:
     use_turbo_cross_entropy: bool = False
     turbo_ce_overwrite_input: bool = False
     turbo_ce_fused_gradient: bool = False
+    turbo_ce_fuse_output_layer: bool = False
 
 
 _SETTING_NAMES = tuple(field.name for field in dataclasses.fields(TurboCESettings))
@@ -224,6 +241,14 @@ def add_turbo_ce_args(parser: argparse.ArgumentParser, *,
              "count, micro-batches, loss scale); the backward corrects each row on the device "
              "by the gradient that arrives (docs/megatron.md, 'The fused gradient').",
     )
+    group.add_argument(
+        "--turbo-ce-fuse-output-layer", action=argparse.BooleanOptionalAction,
+        default=settings.turbo_ce_fuse_output_layer,
+        help="Compute GPTModel's output layer and the loss together (cegen.linear_cross_entropy: "
+             "chunks of tokens, the [s, b, v] logits never in memory) where the case is "
+             "supported; other cases run GPTModel's post-processing unchanged "
+             "(docs/megatron.md, 'The fused output layer').",
+    )
     return parser
 
 
@@ -325,14 +350,20 @@ def _tensor_parallel_plan(module: Any) -> Tuple[Optional[str], Any]:
     return None, group
 
 
-def _plan(module: Any, labels: Any, logits: Any) -> Tuple[Optional[str], Any]:
-    """(fallback reason, tensor-parallel group or None); see :func:`supported_case`."""
+def _module_plan(module: Any) -> Tuple[Optional[str], Any]:
+    """(fallback reason, tensor-parallel group or None) from the module alone: its config
+    asks for a fused loss and its tensor-parallel group can be used."""
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "cross_entropy_loss_fusion"):
         return "the module's config has no cross_entropy_loss_fusion field", None
     if not config.cross_entropy_loss_fusion:
         return "cross_entropy_loss_fusion is off (enable --cross-entropy-loss-fusion)", None
-    reason, group = _tensor_parallel_plan(module)
+    return _tensor_parallel_plan(module)
+
+
+def _plan(module: Any, labels: Any, logits: Any) -> Tuple[Optional[str], Any]:
+    """(fallback reason, tensor-parallel group or None); see :func:`supported_case`."""
+    reason, group = _module_plan(module)
     if reason is not None:
         return reason, None
     if not isinstance(logits, torch.Tensor) or not isinstance(labels, torch.Tensor):
@@ -488,6 +519,222 @@ def _make_patched(original: Callable[..., torch.Tensor],
     return compute_language_model_loss
 
 
+#: The code of the patched compute_language_model_loss (every closure of _make_patched
+#: shares it): how the fused output layer tells that the loss in place is cegen's.
+_PATCHED_LOSS_CODE = _make_patched(lambda self, labels, logits: logits, TurboCESettings()).__code__
+
+
+def _is_cegen_loss(function: Any) -> bool:
+    return getattr(function, "__code__", None) is _PATCHED_LOSS_CODE
+
+
+# -- the fused output layer: GPTModel._postprocess without the [s, b, v] logits ------------
+
+_POSTPROCESS = "_postprocess"
+
+
+def _log_output_layer_fallback(reason: str) -> None:
+    key = "output layer: " + reason
+    with _logged_lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    logger.warning("turbo cross-entropy does not fuse the output layer with the loss "
+                   "(GPTModel's post-processing runs unchanged): %s", reason)
+
+
+def _inference_active() -> bool:
+    """Megatron-Core's process-wide inference flag (InferenceMode), where it exists."""
+    try:
+        from megatron.core.inference.utils import InferenceMode  # type: ignore[import-not-found]
+
+        return bool(InferenceMode.is_active())
+    except Exception:  # an older Megatron, or none
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _OutputLayerPlan:
+    """What the fused output layer and loss take from GPTModel._postprocess's call."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: Optional[torch.Tensor]
+    labels: torch.Tensor
+    loss_mask: Optional[torch.Tensor]
+    group: Any
+    #: Megatron's gather_from_sequence_parallel_region under sequence parallelism.
+    gather_sequence: Optional[Callable[..., torch.Tensor]]
+
+
+def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
+                       ) -> Tuple[Optional[str], Optional[_OutputLayerPlan]]:
+    """(fallback reason, plan) for a call of GPTModel._postprocess; (None, None) where
+    there is nothing to fuse (a pipeline stage without the output layer)."""
+    if not getattr(module, "post_process", True):
+        return None, None
+    config = getattr(module, "config", None)
+    labels = arguments.get("labels")
+    if labels is None:
+        return "no labels: the caller gets the logits", None
+    if (_inference_active() or arguments.get("inference_context") is not None
+            or arguments.get("inference_params") is not None):
+        return "inference: the logits are the output", None
+    if arguments.get("mtp_in_postprocess") or getattr(config, "mtp_num_layers", None):
+        return ("multi-token prediction (MTP layers) computes its losses from the output "
+                "layer's logits"), None
+    if arguments.get("output_processor") is not None:
+        return "an output_processor is given the output layer", None
+    if getattr(config, "use_mup", False):
+        return "MuP scales the logits (use_mup)", None
+    if getattr(config, "config_logger_dir", ""):
+        return "the config logger records the logits (config_logger_dir)", None
+    if is_compiling():
+        return "torch.compile is tracing GPTModel's post-processing", None
+    if getattr(config, "cuda_graph_impl", None) == "full_iteration":
+        # The backward of the three-GEMM schedule reads one flag on the host; neither
+        # schedule has been captured in a CUDA graph yet.
+        return "full-iteration CUDA graphs (cuda_graph_impl='full_iteration')", None
+    if not _is_cegen_loss(getattr(type(module), "compute_language_model_loss", None)):
+        return ("compute_language_model_loss is not cegen's (a subclass or another patch "
+                "replaced it): its loss is not the one cegen would fuse"), None
+    reason, group = _module_plan(module)
+    if reason is not None:
+        return reason, None
+    layer = getattr(module, "output_layer", None)
+    try:
+        from megatron.core.tensor_parallel import (  # type: ignore[import-not-found]
+            ColumnParallelLinear,
+        )
+    except Exception:
+        return "megatron.core.tensor_parallel.ColumnParallelLinear cannot be imported", None
+    if type(layer) is not ColumnParallelLinear:
+        return (f"the output layer is a {type(layer).__name__}, not Megatron-Core's "
+                "ColumnParallelLinear"), None
+    gather_output = arguments.get("runtime_gather_output")
+    if gather_output is None:
+        gather_output = getattr(layer, "gather_output", False)
+    if gather_output:
+        return ("the logits are gathered over the tensor-parallel ranks "
+                "(runtime_gather_output, or parallel_output=False)"), None
+    if getattr(getattr(layer, "config", config), "defer_embedding_wgrad_compute", False):
+        return ("defer_embedding_wgrad_compute keeps the output layer's input and gradient "
+                "for a later weight-gradient GEMM"), None
+    if getattr(layer, "gtp_remat_size", 1) != 1:
+        return "the output weight is rematerialized across ranks (gtp_weight_remat_size)", None
+    if getattr(layer, "disable_grad_reduce", False) or getattr(layer, "explicit_expert_comm", False):
+        return ("the output layer does not reduce its input gradient over the tensor-parallel "
+                "group (disable_grad_reduce, expert communication)"), None
+    if group is not None and getattr(layer, "tp_group", group) is not group:
+        return "the output layer's tensor-parallel group is not the module's", None
+    hidden = arguments.get("hidden_states")
+    if getattr(module, "share_embeddings_and_output_weights", False):
+        weight = module.shared_embedding_or_output_weight()
+    else:
+        weight = getattr(layer, "weight", None)
+    bias = None if getattr(layer, "skip_bias_add", False) else getattr(layer, "bias", None)
+    if not all(isinstance(t, torch.Tensor) for t in (hidden, weight, labels)):
+        return "the hidden states, the output weight or the labels are not tensors", None
+    if hidden.dtype not in _SUPPORTED_LOGITS:
+        return f"hidden states of dtype {hidden.dtype} are not supported (bf16, fp16, fp32 are)", None
+    if weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        return (f"the hidden states ({hidden.dtype}) and the output layer's weight "
+                f"({weight.dtype})" + ("" if bias is None else f" and bias ({bias.dtype})")
+                + " differ in dtype"), None
+    output_dtype = getattr(layer, "output_dtype", None)
+    if output_dtype is not None and output_dtype != hidden.dtype:
+        return f"the output layer makes {output_dtype} logits from {hidden.dtype} (logit_dtype)", None
+    if labels.dtype not in _SUPPORTED_LABELS:
+        return f"labels dtype {labels.dtype} is not supported (int64, int32 are)", None
+    sequence_parallel = group is not None and bool(getattr(layer, "sequence_parallel", False))
+    sequence = hidden.shape[0] * (_group_size(group) if sequence_parallel else 1) if hidden.dim() == 3 else -1
+    if (hidden.dim() != 3 or labels.dim() != 2 or weight.dim() != 2
+            or weight.shape[1] != hidden.shape[-1]
+            or tuple(labels.shape) != (hidden.shape[1], sequence)):
+        return (f"shapes hidden {tuple(hidden.shape)} / weight {tuple(weight.shape)} / labels "
+                f"{tuple(labels.shape)} are not [s, b, h] / [v, h] / [b, s]"
+                + (" (s split over the tensor-parallel ranks)" if sequence_parallel else "")), None
+    if (hidden.device.type not in _SUPPORTED_DEVICES or labels.device != hidden.device
+            or weight.device != hidden.device):
+        return (f"hidden states on {hidden.device}, weight on {weight.device} and labels on "
+                f"{labels.device}: this cegen build launches on "
+                f"{', '.join(_SUPPORTED_DEVICES)} only"), None
+    if not runtime_available():
+        return "the cegen runtime library (libce_runtime.so) cannot be found or loaded", None
+    gather_sequence = None
+    if sequence_parallel:
+        try:
+            from megatron.core.tensor_parallel import (  # type: ignore[import-not-found]
+                gather_from_sequence_parallel_region as gather_sequence,
+            )
+        except Exception:
+            return ("sequence parallelism needs megatron.core.tensor_parallel's "
+                    "gather_from_sequence_parallel_region, which cannot be imported"), None
+    loss_mask = arguments.get("loss_mask")
+    if not isinstance(loss_mask, torch.Tensor) or loss_mask.numel() != labels.numel():
+        loss_mask = None
+    return None, _OutputLayerPlan(hidden, weight, bias, labels, loss_mask, group,
+                                  gather_sequence)
+
+
+def _fused_output_layer_loss(module: Any, plan: _OutputLayerPlan,
+                             settings: TurboCESettings) -> torch.Tensor:
+    """The per-token loss ``[b, s]`` of the output layer's logits, a chunk of tokens at a
+    time (cegen.linear_cross_entropy), as Megatron's output layer + loss would give it."""
+    hidden = plan.hidden
+    if plan.gather_sequence is not None:
+        # The output layer's all-gather of the sequence; its backward is the reduce-scatter
+        # that sums each rank's share of d hidden, as ColumnParallelLinear's does.
+        hidden = plan.gather_sequence(hidden, tensor_parallel_output_grad=True,
+                                      group=plan.group)
+    grad_weights: Any = None
+    if (settings.turbo_ce_fused_gradient and torch.is_grad_enabled()
+            and (hidden.requires_grad or plan.weight.requires_grad)):
+        # The upstream gradient Megatron's step will give each token (loss mask x token
+        # count, micro-batches, loss scale): the forward finishes the gradients (three GEMMs);
+        # a backward whose gradient differs recomputes (four), so any prediction is safe.
+        factor = predicted_upstream(module, plan.labels, plan.loss_mask)
+        grad_weights = factor
+        if plan.loss_mask is not None:
+            grad_weights = factor * plan.loss_mask.reshape(plan.labels.shape).float()
+    return linear_cross_entropy(
+        hidden, plan.weight, plan.labels, bias=plan.bias, label_layout="bs",
+        grad_weights=grad_weights, tp_group=plan.group,
+        reduce_grad_hidden=plan.gather_sequence is None, **_label_options(module))
+
+
+def _make_fused_postprocess(original: Callable[..., Any],
+                            settings: TurboCESettings) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _postprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            arguments = signature.bind(self, *args, **kwargs).arguments
+        except TypeError:  # not the signature read at install: Megatron's own error
+            return original(self, *args, **kwargs)
+        reason, plan = _output_layer_plan(self, arguments)
+        if plan is None:
+            if reason is not None:
+                _log_output_layer_fallback(reason)
+            return original(self, *args, **kwargs)
+        return _fused_output_layer_loss(self, plan, settings)
+
+    _postprocess._cegen_original = original  # type: ignore[attr-defined]
+    _postprocess._cegen_settings = settings  # type: ignore[attr-defined]
+    return _postprocess
+
+
+#: The GPTModel classes whose _postprocess install() replaced (uninstall restores them).
+_patched_models: Set[Type[Any]] = set()
+
+
+def _gpt_model_class() -> Type[Any]:
+    import importlib
+
+    return importlib.import_module(_GPT_MODEL_PATH).GPTModel
+
+
 def _language_module_class() -> Type[Any]:
     import importlib
 
@@ -500,13 +747,17 @@ def is_installed(language_module_cls: Optional[Type[Any]] = None) -> bool:
     return hasattr(cls.__dict__.get("compute_language_model_loss"), "_cegen_original")
 
 
-def install(args: Any = None, *, language_module_cls: Optional[Type[Any]] = None) -> bool:
-    """Patches ``LanguageModule.compute_language_model_loss`` when the settings enable it.
+def install(args: Any = None, *, language_module_cls: Optional[Type[Any]] = None,
+            gpt_model_cls: Optional[Type[Any]] = None) -> bool:
+    """Patches ``LanguageModule.compute_language_model_loss`` when the settings enable it,
+    and with ``--turbo-ce-fuse-output-layer`` also ``GPTModel._postprocess``.
 
     Args:
         args: Megatron's parsed arguments, a :class:`TurboCESettings`, or None for
             ``megatron.training.get_args()``.
         language_module_cls: the class to patch (default: Megatron-Core's LanguageModule).
+        gpt_model_cls: the model class whose ``_postprocess`` the fused output layer
+            replaces (default: Megatron-Core's GPTModel).
 
     Returns:
         Whether the patch is in place. With ``--use-turbo-cross-entropy`` off nothing is
@@ -514,21 +765,36 @@ def install(args: Any = None, *, language_module_cls: Optional[Type[Any]] = None
     """
     settings = settings_from_args(args)
     cls = language_module_cls or _language_module_class()
-    uninstall(cls)
+    uninstall(cls, gpt_model_cls)
     if not settings.use_turbo_cross_entropy:
         logger.info("turbo cross-entropy is off (--use-turbo-cross-entropy not given)")
         return False
     original = cls.compute_language_model_loss
     cls.compute_language_model_loss = _make_patched(original, settings)
+    if settings.turbo_ce_fuse_output_layer:
+        model_cls = gpt_model_cls or _gpt_model_class()
+        model_cls._postprocess = _make_fused_postprocess(model_cls._postprocess, settings)
+        _patched_models.add(model_cls)
     logger.info("turbo cross-entropy installed on %s.compute_language_model_loss "
-                "(overwrite_input=%s)", cls.__name__, settings.turbo_ce_overwrite_input)
+                "(overwrite_input=%s, fused_gradient=%s, fuse_output_layer=%s)", cls.__name__,
+                settings.turbo_ce_overwrite_input, settings.turbo_ce_fused_gradient,
+                settings.turbo_ce_fuse_output_layer)
     return True
 
 
-def uninstall(language_module_cls: Optional[Type[Any]] = None) -> None:
-    """Restores the original ``compute_language_model_loss`` if it was patched."""
+def uninstall(language_module_cls: Optional[Type[Any]] = None,
+              gpt_model_cls: Optional[Type[Any]] = None) -> None:
+    """Restores the original ``compute_language_model_loss`` if it was patched, and every
+    ``_postprocess`` the fused output layer replaced (and ``gpt_model_cls``'s)."""
     cls = language_module_cls or _language_module_class()
     current = cls.__dict__.get("compute_language_model_loss")
     original = getattr(current, "_cegen_original", None)
     if original is not None:
         cls.compute_language_model_loss = original
+    models = set(_patched_models) | ({gpt_model_cls} if gpt_model_cls is not None else set())
+    for model_cls in models:
+        current = model_cls.__dict__.get(_POSTPROCESS)
+        original = getattr(current, "_cegen_original", None)
+        if original is not None:
+            setattr(model_cls, _POSTPROCESS, original)
+    _patched_models.clear()

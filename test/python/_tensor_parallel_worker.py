@@ -7,12 +7,13 @@ Usage (the test runs it; by hand only to debug)::
 
 It joins a gloo group through the TCP store the test holds on 127.0.0.1:P, runs every
 case of ``IN.pt`` on its vocabulary slice of the logits with
-``cegen.vocab_parallel_cross_entropy`` (and, with W = 2, the Megatron stand-in; with a
+``cegen.vocab_parallel_cross_entropy`` (with W = 2 also the Megatron stand-in: the patched
+loss, and GPTModel with the fused output layer against its unfused post-processing; with a
 "linear" entry, test_linear_cross_entropy.py's cases of ``cegen.linear_cross_entropy``, see
-``_linear_parallel_cases.py``), and saves
-what each case returned (loss, gradient slice, errors, warnings) to ``OUT.pt``; the test
-compares them. A case that raises is recorded, not fatal: every rank raises alike (the
-inputs are the same), so no rank is left waiting in a collective.
+``_linear_parallel_cases.py``), and saves what each case returned (loss, gradient slice,
+errors, warnings) to ``OUT.pt``; the test compares them. A case that raises is recorded, not
+fatal: every rank raises alike (the inputs are the same), so no rank is left waiting in a
+collective.
 """
 
 from __future__ import annotations
@@ -176,6 +177,115 @@ def run_megatron(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
     return results
 
 
+#: GPTModel variants of the fused output layer at TP = 2 (run_megatron_output_layer).
+OUTPUT_LAYER_VARIANTS = {
+    "plain": {},
+    "tied": {"share": True},
+    "bias": {"bias": True},
+    "sequence_parallel": {"sequence_parallel": True},
+    "sequence_parallel_tied_bias": {"sequence_parallel": True, "share": True, "bias": True},
+    "te_sft": {"impl": "te", "labels": "sft_labels"},
+    "native_sft_fused_gradient": {"labels": "sft_labels", "fused_gradient": True},
+    "sequence_parallel_fused_gradient": {"sequence_parallel": True, "fused_gradient": True},
+}
+
+
+def run_megatron_output_layer(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
+    """The stand-in's GPTModel at TP = ``world`` per variant: with --turbo-ce-fuse-output-layer
+    (float32, cegen.linear_cross_entropy) and without cegen (the stand-in's output layer and
+    loss, float64; for ``te`` Core's loss with -100 zeroed, what cegen gives). Each returns
+    this rank's loss, d hidden (its sequence rows under sequence parallelism), d weight and
+    d bias rows, the output layer's runs, the recomputes and the fallback log."""
+    import functools
+    from unittest import mock
+
+    from cegen import linear
+    from cegen import megatron as turbo_ce
+    from megatron.core.models.gpt import gpt_model
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.process_groups_config import FakeProcessGroup, ProcessGroupCollection
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    tp_group = dist.new_group(list(range(world)))
+    handler = ListHandler()
+    logging.getLogger("cegen.megatron").addHandler(handler)
+    rows = spec["weight"].shape[0] // world
+    mine = slice(rank * rows, (rank + 1) * rows)
+
+    def pretrain_loss_func(loss_mask, output_tensor):  # type: ignore[no-untyped-def]
+        losses = output_tensor.view(-1).float()
+        loss_mask = loss_mask.view(-1).float()
+        return (torch.sum(losses * loss_mask), loss_mask.sum().clone().detach().to(torch.int),
+                {})
+
+    def step(variant: Dict[str, Any], fused: bool) -> Dict[str, Any]:
+        impl = variant.get("impl", "native")
+        sequence_parallel = variant.get("sequence_parallel", False)
+        dtype = torch.float32 if fused else torch.float64
+        config = TransformerConfig(tensor_model_parallel_size=world, cross_entropy_loss_fusion=True,
+                                   cross_entropy_fusion_impl=impl if fused else "native",
+                                   sequence_parallel=sequence_parallel,
+                                   grad_scale_func=lambda loss: loss * 1024.0)
+        groups = ProcessGroupCollection(tp=tp_group, cp=FakeProcessGroup(1), pp=FakeProcessGroup(1),
+                                        embd=None)
+        turbo_ce.uninstall()
+        turbo_ce.reset_fallback_log()
+        if fused:
+            turbo_ce.install(turbo_ce.TurboCESettings(
+                use_turbo_cross_entropy=True, turbo_ce_fuse_output_layer=True,
+                turbo_ce_fused_gradient=variant.get("fused_gradient", False)))
+        model = gpt_model.GPTModel(config, spec["hidden"].shape[-1], spec["weight"].shape[0],
+                                   pg_collection=groups,
+                                   share_embeddings_and_output_weights=variant.get("share", False),
+                                   bias=variant.get("bias", False), dtype=dtype,
+                                   output_weight=spec["weight"][mine].to(dtype).clone())
+        if variant.get("bias", False):
+            with torch.no_grad():
+                model.output_layer.bias.copy_(spec["bias"][mine].to(dtype))
+        hidden = spec["hidden"]
+        if sequence_parallel:  # this rank's rows of the sequence
+            seq = hidden.shape[0] // world
+            hidden = hidden[rank * seq:(rank + 1) * seq]
+        hidden = hidden.to(dtype).clone().requires_grad_(True)
+        labels = spec[variant.get("labels", "labels")]
+        calls = gpt_model.CALLS["output_layer"]
+        recomputes = [0]
+        real = linear._recompute_grads
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            recomputes[0] += 1
+            return real(*args, **kwargs)
+
+        handler.messages.clear()
+        with mock.patch.object(linear, "_recompute_grads", counted):
+            loss = model(hidden, labels, loss_mask=spec["mask"])
+            if impl == "te" and not fused:  # TE's -100: loss 0 and no gradient
+                loss = torch.where(labels == -100, torch.zeros_like(loss), loss)
+            if variant.get("fused_gradient", False):  # Megatron's step: loss_func, schedule
+                output, _ = schedules.forward_step_calc_loss(
+                    loss, functools.partial(pretrain_loss_func, spec["mask"]), config, 1)
+                schedules.backward_step(output, config)
+            else:
+                (loss * spec["upstream"].to(loss.dtype)).sum().backward()
+        weight = (model.embedding.word_embeddings.weight if variant.get("share", False)
+                  else model.output_layer.weight)
+        bias = model.output_layer.bias
+        turbo_ce.uninstall()
+        return {"loss": loss.detach(), "grad_hidden": hidden.grad, "grad_weight": weight.grad,
+                "grad_bias": None if bias is None else bias.grad,
+                "output_layer_runs": gpt_model.CALLS["output_layer"] - calls,
+                "recomputes": recomputes[0], "logged": list(handler.messages)}
+
+    results = {}
+    for name, variant in OUTPUT_LAYER_VARIANTS.items():
+        try:
+            results[name] = {"fused": step(variant, True), "unfused": step(variant, False)}
+        except Exception as error:  # recorded; every rank raises alike
+            results[name] = {"error": type(error).__name__, "traceback": traceback.format_exc()}
+    logging.getLogger("cegen.megatron").removeHandler(handler)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rank", type=int, required=True)
@@ -203,6 +313,9 @@ def main() -> None:
                                                             pairs[args.rank // 2])
     if args.world == 2 and "megatron" in inputs:
         results["megatron"] = run_megatron(inputs["megatron"], args.rank, args.world)
+    if args.world == 2 and "megatron_output_layer" in inputs:
+        results["megatron_output_layer"] = run_megatron_output_layer(
+            inputs["megatron_output_layer"], args.rank, args.world)
     if "linear" in inputs:  # test_linear_cross_entropy.py's vocab-parallel weights
         from _linear_parallel_cases import run_cases
 

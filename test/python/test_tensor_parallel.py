@@ -562,6 +562,48 @@ def megatron_inputs(seq: int = 7, batch: int = 3, hidden_size: int = 16) -> Dict
             "prompt_labels": prompt_labels}
 
 
+def output_layer_inputs(seq: int = 8, batch: int = 3, hidden_size: int = 16) -> Dict[str, torch.Tensor]:
+    """GPTModel's post-processing at TP = 2: a sequence that two ranks split (sequence
+    parallelism), the weight and bias of the whole vocabulary (each rank takes its rows),
+    labels (plain and Megatron's SFT ids), a loss mask and an upstream gradient."""
+    labels = S.random_labels((batch, seq), VOCAB, offset=922)
+    mask = (torch.rand((batch, seq), generator=S.generator(923)) > 0.25).float()
+    mask[0, 0] = 1.0
+    return {"hidden": S.random_logits((seq, batch, hidden_size), torch.float64, scale=1.0, offset=920),
+            "weight": S.random_logits((VOCAB, hidden_size), torch.float64,
+                                      scale=hidden_size ** -0.5, offset=921),
+            "bias": S.random_logits((VOCAB,), torch.float64, scale=0.5, offset=924),
+            "labels": labels, "sft_labels": S.sft_labels((batch, seq), VOCAB, offset=925),
+            "mask": mask,
+            "upstream": torch.rand((batch, seq), generator=S.generator(926), dtype=torch.float64) + 0.25}
+
+
+def reference_output_layer(spec: Dict[str, torch.Tensor], variant: Dict[str, Any]) -> Dict[str, Any]:
+    """TP = 1 in float64 from the formulas: logits ``h W^T (+ b)``, Megatron-Core's loss
+    (a label outside the vocabulary: ``lse - max``; with ``te`` -100 gets loss 0), and the
+    upstream gradient of the worker's step (``upstream``, or Megatron's training step:
+    ``1024 * mask / mask.sum()``). Loss [b, s], d hidden [s, b, h], d weight, d bias."""
+    hidden = spec["hidden"].clone().requires_grad_(True)
+    weight = spec["weight"].clone().requires_grad_(True)
+    bias = spec["bias"].clone().requires_grad_(True) if variant.get("bias") else None
+    labels = spec[variant.get("labels", "labels")]
+    logits = hidden @ weight.t() + (0 if bias is None else bias)  # [s, b, v]
+    rows = logits.transpose(0, 1)  # [b, s, v]
+    inside = (labels >= 0) & (labels < VOCAB)
+    top = rows.max(dim=-1).values.detach()
+    target = rows.gather(-1, labels.clamp(0, VOCAB - 1).unsqueeze(-1)).squeeze(-1)
+    loss = torch.logsumexp(rows, dim=-1) - torch.where(inside, target, top)
+    if variant.get("impl") == "te":
+        loss = torch.where(labels == -100, torch.zeros_like(loss), loss)
+    if variant.get("fused_gradient"):
+        upstream = 1024.0 * spec["mask"].double() / spec["mask"].sum()
+    else:
+        upstream = spec["upstream"]
+    (loss * upstream).sum().backward()
+    return {"loss": loss.detach(), "grad_hidden": hidden.grad, "grad_weight": weight.grad,
+            "grad_bias": None if bias is None else bias.grad}
+
+
 def start_group(world: int, inputs: Path, directory: Path) -> Dict[str, Any]:
     """Starts one gloo group of ``world`` worker processes (:func:`collect` waits for them).
 
@@ -631,8 +673,10 @@ class TestProcessGroups(unittest.TestCase):
         cls.inputs = {case["name"]: case for case in cases}
         cls.results = {}
         cls.megatron = megatron_inputs()
+        cls.output_layer = output_layer_inputs()
         path = directory / "inputs.pt"
-        torch.save({"cases": cases, "subgroup_cases": SUBGROUP_CASES, "megatron": cls.megatron}, path)
+        torch.save({"cases": cases, "subgroup_cases": SUBGROUP_CASES, "megatron": cls.megatron,
+                    "megatron_output_layer": cls.output_layer}, path)
         deadline = time.monotonic() + GROUP_TIMEOUT_S
         groups = {world: start_group(world, path, directory) for world in cls.WORLDS}  # concurrently
         failures = []
@@ -800,6 +844,48 @@ class TestProcessGroups(unittest.TestCase):
                 if impl == "te":
                     ignored = data[labels] == -100
                     self.assertTrue(all(bool((r[run]["loss"][ignored] == 0).all()) for r in ranks))
+
+    def test_megatron_fused_output_layer_at_tp2(self) -> None:
+        # --turbo-ce-fuse-output-layer at TP = 2 in the stand-in's GPTModel: each rank's
+        # loss, d hidden (its sequence rows under sequence parallelism), d weight and d bias
+        # rows against the stand-in's unfused post-processing in float64 at TP = 2, and that
+        # against TP = 1 in float64.
+        from _tensor_parallel_worker import OUTPUT_LAYER_VARIANTS
+
+        ranks = [r["megatron_output_layer"] for r in self.results[2]]
+        for name, variant in OUTPUT_LAYER_VARIANTS.items():
+            with self.subTest(variant=name):
+                expected = reference_output_layer(self.output_layer, variant)
+                seq = expected["grad_hidden"].shape[0] // 2
+                rows = VOCAB // 2
+                for rank, result in enumerate(ranks):
+                    self.assertNotIn("error", result[name], result[name].get("traceback"))
+                    fused, unfused = result[name]["fused"], result[name]["unfused"]
+                    self.assertEqual(fused["output_layer_runs"], 0,
+                                     f"rank {rank} fell back: {fused['logged']}")
+                    self.assertEqual(fused["logged"], [])
+                    self.assertEqual(unfused["output_layer_runs"], 1)
+                    self.assertEqual(fused["recomputes"],
+                                     0 if variant.get("fused_gradient") else 1,
+                                     f"rank {rank}: backward recomputes")
+                    hidden_rows = (slice(rank * seq, (rank + 1) * seq)
+                                   if variant.get("sequence_parallel") else slice(None))
+                    mine = slice(rank * rows, (rank + 1) * rows)
+                    for what, field, want in (
+                            ("loss", "loss", expected["loss"]),
+                            ("d hidden", "grad_hidden", expected["grad_hidden"][hidden_rows]),
+                            ("d weight", "grad_weight", expected["grad_weight"][mine]),
+                            ("d bias", "grad_bias",
+                             None if expected["grad_bias"] is None else expected["grad_bias"][mine])):
+                        if want is None:
+                            self.assertIsNone(fused[field])
+                            continue
+                        scale = max(1.0, float(want.abs().max()))
+                        # 1e-6: Megatron's step reduces the float64 loss in float32.
+                        S.assert_close(self, unfused[field], want, 1e-6, 1e-9 * scale,
+                                       f"{name} rank {rank} {what}: unfused TP=2 vs TP=1")
+                        S.assert_close(self, fused[field], unfused[field], 1e-5, 1e-6 * scale,
+                                       f"{name} rank {rank} {what}: fused vs unfused")
 
 
 if __name__ == "__main__":

@@ -22,3 +22,11 @@ class TransformerConfig:
     calculate_per_token_loss: bool = False
     # ModelParallelConfig: set by megatron.training to the optimizer's scale_loss.
     grad_scale_func: Optional[Callable] = None
+    # What GPTModel's post-processing and its output layer read.
+    gradient_accumulation_fusion: bool = False
+    defer_embedding_wgrad_compute: bool = False
+    mtp_num_layers: Optional[int] = None
+    use_mup: bool = False
+    mup_output_mult: float = 1.0
+    config_logger_dir: str = ""
+    cuda_graph_impl: str = "none"

@@ -3,7 +3,8 @@
 It mirrors the contract of ``megatron/core/models/common/language_module/
 language_module.py`` that cegen.megatron patches: the constructor's signature and the
 attributes it sets (config, pg_collection, tp_group, cp_group, pp_group, embd_group,
-vp_stage, vp_size), and ``compute_language_model_loss(self, labels, logits)``: labels
+vp_stage, vp_size), ``_scale_logits`` and ``shared_embedding_or_output_weight`` (what
+GPTModel._postprocess calls), and ``compute_language_model_loss(self, labels, logits)``: labels
 [b, s] are transposed to [s, b], the loss comes from the fused (``native`` / ``te``) or
 the unfused vocab-parallel cross entropy depending on ``config.cross_entropy_loss_fusion``
 and ``config.cross_entropy_fusion_impl``, and is returned as [b, s] float32. ``te`` calls
@@ -69,3 +70,19 @@ class LanguageModule(MegatronModule):
             loss = tensor_parallel.vocab_parallel_cross_entropy(logits, labels, tp_group=self.tp_group)
         loss = loss.transpose(0, 1).contiguous()  # [s b] => [b s]
         return loss
+
+    def _scale_logits(self, logits: Tensor) -> Tensor:
+        """MuP output scaling (``use_mup``, ``mup_output_mult``), as Megatron-Core's."""
+        if not self.config.use_mup:
+            return logits
+        if self.config.mup_output_mult != 1.0:
+            return logits * self.config.mup_output_mult
+        return logits
+
+    def shared_embedding_or_output_weight(self) -> Tensor:
+        """The embedding's weight on a stage with the embedding, else the output layer's."""
+        if getattr(self, "pre_process", False):
+            return self.embedding.word_embeddings.weight
+        if getattr(self, "post_process", False):
+            return self.output_layer.weight
+        return None

@@ -1,0 +1,1 @@
+"""Stand-in of Megatron-Core for cegen tests (not Megatron code)."""
