@@ -44,7 +44,7 @@ static LogicalResult addKernels(gpu::GPUModuleOp kernelModule,
     func->setAttr(TuningAttr::getAttrName(),
                   TuningAttr::get(context, tuning.blockSize, tuning.unroll,
                                   tuning.rowCacheBytes, tuning.streamStages,
-                                  tuning.flushDenormals));
+                                  tuning.flushDenormals, tuning.maxRegisters));
     FailureOr<EmittedKernel> info = describeKernel(func);
     if (failed(info))
       return failure();

@@ -30,7 +30,8 @@ LogicalResult TuningAttr::verify(function_ref<InFlightDiagnostic()> emitError,
                                  unsigned blockSize, unsigned unroll,
                                  unsigned /*rowCacheBytes*/,
                                  unsigned streamStages,
-                                 bool /*flushDenormals*/) {
+                                 bool /*flushDenormals*/,
+                                 unsigned maxRegisters) {
   if (blockSize < 1 || blockSize > 1024)
     return emitError() << "tuning block_size " << blockSize
                        << " is outside [1, 1024]";
@@ -41,6 +42,9 @@ LogicalResult TuningAttr::verify(function_ref<InFlightDiagnostic()> emitError,
   if (streamStages == 1 || streamStages > 8)
     return emitError() << "tuning stream_stages " << streamStages
                        << " must be 0 (off) or in [2, 8]";
+  if (maxRegisters != 0 && (maxRegisters < 16 || maxRegisters > 255))
+    return emitError() << "tuning max_registers " << maxRegisters
+                       << " must be 0 (the compiler's choice) or in [16, 255]";
   return success();
 }
 

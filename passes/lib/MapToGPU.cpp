@@ -70,7 +70,7 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
       return attr;
     return TuningAttr::get(&getContext(), blockSize, unroll,
                            /*row_cache_bytes=*/0, /*stream_stages=*/0,
-                           /*flush_denormals=*/false);
+                           /*flush_denormals=*/false, /*max_registers=*/0);
   }
 
   LogicalResult verifyTuning(Operation *op, unsigned blockSize,
@@ -126,6 +126,13 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     TuningAttr tuning = tuningOf(kernel);
     unsigned blockSize = tuning.getBlockSize();
     unsigned unroll = tuning.getUnroll();
+    if (unsigned registers = tuning.getMaxRegisters()) {
+      if (!targetInfo->hasRegisterBudget())
+        return op->emitError("ce-map-to-gpu: max_registers needs a target "
+                             "that has a register budget; ")
+               << target << " has none";
+      targetInfo->setRegisterBudget(kernel, registers);
+    }
     if (failed(verifyTuning(op, blockSize, unroll)))
       return failure();
     unsigned numSubgroups = blockSize / subgroupSize;

@@ -31,6 +31,10 @@ void TargetInfo::buildWaitGroups(ImplicitLocOpBuilder &, Value,
   llvm_unreachable("the target has no asynchronous copies");
 }
 
+void TargetInfo::setRegisterBudget(Operation *, unsigned) const {
+  llvm_unreachable("the target has no register budget");
+}
+
 void TargetInfo::buildL2Prefetch(ImplicitLocOpBuilder &, Value, Value) const {
   llvm_unreachable("the target has no L2 prefetch");
 }
@@ -42,6 +46,15 @@ public:
   bool hasAsyncCopy() const override { return true; }
   bool hasPackedMax() const override { return true; }
   bool hasL2Prefetch() const override { return true; }
+  bool hasRegisterBudget() const override { return true; }
+
+  void setRegisterBudget(Operation *kernel, unsigned registers) const override {
+    // Kept through the lowering to llvm.func; the NVVM translation makes it
+    // the kernel's `.maxnreg`.
+    kernel->setAttr(NVVM::NVVMDialect::getMaxnregAttrName(),
+                    IntegerAttr::get(IntegerType::get(kernel->getContext(), 32),
+                                     registers));
+  }
 
   void buildAsyncCopy(ImplicitLocOpBuilder &b, Value dst, ValueRange dstIndices,
                       Value src, ValueRange srcIndices,

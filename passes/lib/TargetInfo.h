@@ -35,6 +35,13 @@ public:
   virtual bool hasPackedMax() const = 0;
   /// A bulk prefetch of a global memory range into L2 (NVIDIA sm_90).
   virtual bool hasL2Prefetch() const = 0;
+  /// A per-kernel cap on the registers per thread that the target's
+  /// compiler honours (NVIDIA `.maxnreg`).
+  virtual bool hasRegisterBudget() const { return false; }
+
+  /// Caps `kernel`'s registers per thread at `registers`. Only when
+  /// hasRegisterBudget().
+  virtual void setRegisterBudget(Operation *kernel, unsigned registers) const;
 
   /// Starts an asynchronous copy of `elements` elements from
   /// `src[srcIndices...]` to workgroup memory `dst[dstIndices...]`, bypassing

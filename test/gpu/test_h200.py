@@ -19,7 +19,7 @@ numerics   every kernel of the bundles on the cases of test/runtime/NumericsTest
            V in {1, 2, 7, 4095, 32000, 50257, 128256}, N = 0 and 1 and more, [S,B,V] with
            [B,S]/[S,B] labels, strided/padded/transposed views of every tensor, -inf rows,
            a confident row, +100 offsets, maxima past 2^24 and near 2^100, a half row
-           near -1e30, ignored tokens and an all-ignored batch,
+           near -1e30, a row whose plain sum overflows, ignored tokens and an all-ignored batch,
            per-token and stride-0 upstream gradients or weights, overwrite on/off. Outputs
            are poisoned (NaN) first and the padding around every view must survive.
            Tolerances as NumericsTest: loss, lse |k - r| <= 1e-5 max(1, |r|); gradient one
@@ -333,7 +333,7 @@ class Problem:
         outside = [-100, v, v + 5, -1, (1 << 40) if key.labels == "i64" else -2 ** 31]
         if case.special_rows and v >= 2:
             f16 = dtype == "f16"
-            for t in range(min(n, 7)):
+            for t in range(min(n, 8)):
                 label = int(torch.randint(0, v, (1,), generator=gen))
                 labels[t] = label
                 if t in (0, 1):
@@ -360,10 +360,17 @@ class Problem:
                     # Huge values 2^94 apart (f16: 512) around 2^100.
                     unit = 512.0 if f16 else 2.0 ** 94
                     x[t] = self.round(unit * (64.0 + x[t].round().clamp(-8, 8)))
-                else:
+                elif t == 6:
                     # A first half far below the rest: the running maximum
                     # starts below -2^24 and then grows.
                     x[t, :v // 2] = self.round(x[t, :v // 2] - 1.0e30)
+                else:
+                    # Every other value near -FLT_MAX (f16: -65504): a small
+                    # maximum, but the plain row sum overflows f32, so
+                    # smoothing's mean comes from the shifted re-sweep.
+                    x[t, ::2] = self.round(torch.full_like(x[t, ::2],
+                                                           -65504.0 if f16 else -3.0e38))
+                    labels[t] = min(v - 1, 1)
         if case.megatron_labels:
             # Megatron's SFT -100, V itself, past V, -1 and one far outside.
             for t in range(1, n, 3):

@@ -67,6 +67,9 @@ struct GpuTuning {
   /// Flush f32 denormals (NVIDIA's exponential is then one instruction,
   /// `ex2.approx.ftz.f32`, instead of four; AMD's drops its scaling).
   bool flushDenormals = false;
+  /// Registers per thread the target's compiler may use (NVIDIA `.maxnreg`;
+  /// 0: its own choice).
+  unsigned maxRegisters = 0;
 
   /// Bytes one step of the workgroup covers: 16 bytes x unroll per thread.
   unsigned chunkBytes() const { return 16 * unroll * blockSize; }

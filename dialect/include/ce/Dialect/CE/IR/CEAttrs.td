@@ -69,7 +69,10 @@ def CE_TuningAttr : AttrDef<CE_Dialect, "Tuning"> {
     - `stream_stages`: forward and shard_stats kernels stream their chunks
       through a ring of this many chunks of workgroup memory by
       asynchronous copies (0: off, else [2, 8]);
-    - `flush_denormals`: the kernel flushes f32 denormals.
+    - `flush_denormals`: the kernel flushes f32 denormals;
+    - `max_registers`: a cap on the registers per thread the target's
+      compiler may use (NVIDIA `.maxnreg`; 0: its own choice; a target
+      without such a cap rejects a non-zero value).
 
     Example: `ce.tuning = #ce.tuning<block_size = 256, unroll = 4,
     row_cache_bytes = 49152, flush_denormals = true>`.
@@ -77,7 +80,8 @@ def CE_TuningAttr : AttrDef<CE_Dialect, "Tuning"> {
   let parameters = (ins "unsigned":$block_size, "unsigned":$unroll,
                         DefaultValuedParameter<"unsigned", "0">:$row_cache_bytes,
                         DefaultValuedParameter<"unsigned", "0">:$stream_stages,
-                        DefaultValuedParameter<"bool", "false">:$flush_denormals);
+                        DefaultValuedParameter<"bool", "false">:$flush_denormals,
+                        DefaultValuedParameter<"unsigned", "0">:$max_registers);
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
   let extraClassDeclaration = [{
