@@ -95,15 +95,9 @@ static StageStatus finishGpu(gpu::GPUModuleOp kernelModule,
     return StageStatus::Ok;
   }
   if (!chip.amd) {
-    llvm::SmallString<256> path(options.bundleDir);
-    llvm::sys::path::append(path, chip.objectFile());
-    std::error_code ec;
-    llvm::raw_fd_ostream os(path, ec);
-    if (ec) {
-      error = "cannot write '" + path.str().str() + "': " + ec.message();
+    if (failed(writeFileIn(options.bundleDir, chip.objectFile(), assembly,
+                           error)))
       return StageStatus::InternalError;
-    }
-    os << assembly;
   } else {
     if (failed(emitMachineCode(*llvmModule, **machine, true, object, error)))
       return StageStatus::InternalError;

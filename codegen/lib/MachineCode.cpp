@@ -54,22 +54,30 @@ LogicalResult mlir::ce::linkSharedObject(StringRef ldLld, StringRef objectPath,
   return success();
 }
 
+LogicalResult mlir::ce::writeFileIn(StringRef dir, StringRef name,
+                                    StringRef bytes, std::string &error) {
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, name);
+  std::error_code ec;
+  llvm::raw_fd_ostream os(path, ec);
+  if (ec) {
+    error = "cannot write '" + path.str().str() + "': " + ec.message();
+    return failure();
+  }
+  os << bytes;
+  return success();
+}
+
 LogicalResult mlir::ce::linkObjectBytes(StringRef bytes, StringRef objectDir,
                                         StringRef stem, StringRef file,
                                         bool hostLibraries,
                                         std::string &error) {
+  std::string objectName = (stem + ".o").str();
+  if (failed(writeFileIn(objectDir, objectName, bytes, error)))
+    return failure();
   llvm::SmallString<256> objectPath(objectDir), outputPath(objectDir);
-  llvm::sys::path::append(objectPath, stem + ".o");
+  llvm::sys::path::append(objectPath, objectName);
   llvm::sys::path::append(outputPath, file);
-  {
-    std::error_code ec;
-    llvm::raw_fd_ostream os(objectPath, ec);
-    if (ec) {
-      error = "cannot write '" + objectPath.str().str() + "': " + ec.message();
-      return failure();
-    }
-    os << bytes;
-  }
   LogicalResult linked = linkSharedObject(CE_LD_LLD, objectPath, outputPath,
                                           error, hostLibraries);
   llvm::sys::fs::remove(objectPath);

@@ -1,6 +1,7 @@
 //===- StageSupport.cpp - What the host and GPU stages share --------------===//
 
 #include "StageSupport.h"
+#include "ce/Codegen/MachineCode.h"
 
 #include "ce/runtime/BundleAbi.h"
 
@@ -40,16 +41,7 @@ LogicalResult mlir::ce::runPasses(Operation *op, const CodegenOptions &options,
 LogicalResult mlir::ce::writeDump(const CodegenOptions &options,
                                   StringRef name, StringRef text,
                                   std::string &error) {
-  llvm::SmallString<256> path(options.dumpDir);
-  llvm::sys::path::append(path, name);
-  std::error_code ec;
-  llvm::raw_fd_ostream os(path, ec);
-  if (ec) {
-    error = "cannot write '" + path.str().str() + "': " + ec.message();
-    return failure();
-  }
-  os << text;
-  return success();
+  return writeFileIn(options.dumpDir, name, text, error);
 }
 
 LogicalResult mlir::ce::writeBundleManifest(StringRef bundleDir,
@@ -59,16 +51,10 @@ LogicalResult mlir::ce::writeBundleManifest(StringRef bundleDir,
   // as they lie on disk, after lld has written them.
   if (failed(hashObjectFiles(bundleDir, objects, error)))
     return failure();
-  llvm::SmallString<256> path(bundleDir);
-  llvm::sys::path::append(path, ::ce::kManifestFile);
-  std::error_code ec;
-  llvm::raw_fd_ostream os(path, ec);
-  if (ec) {
-    error = "cannot write '" + path.str().str() + "': " + ec.message();
-    return failure();
-  }
+  std::string manifest;
+  llvm::raw_string_ostream os(manifest);
   writeManifest(os, objects);
-  return success();
+  return writeFileIn(bundleDir, ::ce::kManifestFile, manifest, error);
 }
 
 LogicalResult mlir::ce::verifyCodegenOptions(const CodegenOptions &options,

@@ -28,6 +28,10 @@ LogicalResult linkSharedObject(StringRef ldLld, StringRef objectPath,
                                StringRef outputPath, std::string &error,
                                bool hostLibraries = true);
 
+/// Writes `bytes` to the file `dir/name`.
+LogicalResult writeFileIn(StringRef dir, StringRef name, StringRef bytes,
+                          std::string &error);
+
 /// Writes `bytes` to `objectDir/stem.o`, links it into `objectDir/file`
 /// with lld and removes the `.o`.
 LogicalResult linkObjectBytes(StringRef bytes, StringRef objectDir,
