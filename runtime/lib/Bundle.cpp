@@ -8,6 +8,7 @@
 
 #include "Bundle.h"
 #include "CpuFeatures.h"
+#include "HostObject.h"
 #include "ObjectCheck.h"
 
 #include <algorithm>
@@ -95,7 +96,7 @@ Status Bundle::open(const std::string &directory,
                                  manifestPath + " (objects[" +
                                  std::to_string(i) + "]) does not exist");
     // Every object is checked now, so that a damaged bundle fails here; a
-    // host object must be, since dlopen faults on a truncated file. (GPU
+    // host object must be, since dlopen faults on a truncated object. (GPU
     // objects are checked again when they are read for loading.)
     std::string bytes;
     if (Status status = readCodeObject(path, object, i, bytes); !status.isOk())
@@ -106,16 +107,14 @@ Status Bundle::open(const std::string &directory,
     if (Status status = checkCpuFeatures(object.cpuFeatures, path);
         !status.isOk())
       return status;
-    // RTLD_LOCAL keeps each bundle's symbols to itself; RTLD_NOW makes a
-    // broken object fail here instead of at the first call.
-    void *handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char *reason = ::dlerror();
-      return Status::bundleError("cannot load host object '" + path +
-                                 "': " + (reason ? reason : "dlopen failed"));
-    }
-    bundle->handles.push_back(handle);
-    hostHandles[object.file] = handle;
+    // The bytes checked are the bytes loaded, through a copy of them that
+    // no later change to the file reaches, and each open is a load of its
+    // own (HostObject.h).
+    LoadedHostObject loaded;
+    if (Status status = loadHostObject(bytes, path, loaded); !status.isOk())
+      return status;
+    hostHandles[object.file] = loaded.handle();
+    bundle->hostObjects.push_back(std::move(loaded));
   }
 
   bundle->entries.assign(manifest.kernels.size(), nullptr);
@@ -143,10 +142,7 @@ Status Bundle::open(const std::string &directory,
   return Status::ok();
 }
 
-Bundle::~Bundle() {
-  for (void *handle : handles)
-    ::dlclose(handle);
-}
+Bundle::~Bundle() = default;
 
 const KernelInfo *Bundle::findKernel(std::string_view target,
                                      std::string_view key,

@@ -1,15 +1,17 @@
 //===- Bundle.h - An opened kernel bundle -----------------------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). A Bundle is a validated manifest
-// plus the host code objects it names, opened with dlopen(RTLD_LOCAL) so that
-// two bundles never see each other's symbols. It is immutable once opened and
-// safe to share between threads.
+// plus the host code objects it names, each loaded from the bytes that were
+// checked (HostObject.h) with dlopen(RTLD_LOCAL) so that two bundles never
+// see each other's symbols. It is immutable once opened and safe to share
+// between threads.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef CE_RUNTIME_BUNDLE_H
 #define CE_RUNTIME_BUNDLE_H
 
+#include "HostObject.h"
 #include "Manifest.h"
 #include "Status.h"
 
@@ -29,9 +31,9 @@ class Bundle {
 public:
   /// Opens the bundle in `directory`: reads and validates manifest.json,
   /// reads every object file and checks its structure and SHA-256
-  /// (ObjectCheck.h), dlopens the host objects and
-  /// resolves every host kernel's symbol. Any failure is CE_ERROR_BUNDLE with
-  /// a message naming the file.
+  /// (ObjectCheck.h), loads each host object from those bytes (a load of
+  /// this bundle's own, HostObject.h) and resolves every host kernel's
+  /// symbol. Any failure is CE_ERROR_BUNDLE with a message naming the file.
   static Status open(const std::string &directory,
                      std::unique_ptr<Bundle> &bundle);
 
@@ -74,8 +76,8 @@ private:
   /// (target, key) -> indices into the manifest's kernels, by decreasing
   /// `launch.min_vocab`.
   std::map<std::pair<std::string, std::string>, std::vector<size_t>> index;
-  /// dlopen handles, one per host object.
-  std::vector<void *> handles;
+  /// The host objects, loaded from their checked bytes (HostObject.h).
+  std::vector<LoadedHostObject> hostObjects;
   /// Host entry points, parallel to the manifest's kernels.
   std::vector<void *> entries;
 };

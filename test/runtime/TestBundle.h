@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -76,6 +77,21 @@ std::string fakeElf(uint16_t machine, uint16_t type, uint8_t osAbi,
                     const std::string &payload);
 /// fakeElf for AMDGPU (an HSA code object).
 std::string fakeHsaco(const std::string &payload);
+
+/// The objects the dynamic loader has loaded now (their load addresses).
+std::set<uintptr_t> loadedObjects();
+/// A handle (dlopen RTLD_NOLOAD, to dlclose) of the one object loaded since
+/// `before` that defines `symbol`: the host object the runtime loaded from a
+/// private copy of a bundle's file, which a dlopen of the bundle's path
+/// would not give. Null if there is none, or more than one.
+void *newlyLoadedObject(const std::set<uintptr_t> &before,
+                        const char *symbol);
+
+/// Calls fake_forward_flat (the bundle's forward kernel of forwardKey())
+/// through `bundle` on a small problem and checks what it recorded in
+/// `object` (newlyLoadedObject's handle of the bundle's host object) and
+/// what it computed.
+bool fakeForwardWorks(ce_bundle *bundle, void *object);
 
 /// A temporary directory removed on destruction.
 class TempDir {
