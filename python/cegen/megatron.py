@@ -62,7 +62,6 @@ import functools
 import inspect
 import logging
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple, Type
 
@@ -70,6 +69,7 @@ import torch
 
 from . import _validate
 from ._errors import InvalidInputError
+from ._log_once import LogOnce
 from ._ownership import is_compiling
 from ._runtime import runtime_available
 from .linear import linear_cross_entropy
@@ -272,22 +272,16 @@ _SUPPORTED_LOGITS = (torch.bfloat16, torch.float16, torch.float32)
 _SUPPORTED_LABELS = (torch.int64, torch.int32)
 _SUPPORTED_DEVICES = ("cpu", "cuda")
 
-_logged: Set[str] = set()
-_logged_lock = threading.Lock()
+_fallbacks = LogOnce(logger)
 
 
 def reset_fallback_log() -> None:
     """Lets every fallback reason be logged again (for tests)."""
-    with _logged_lock:
-        _logged.clear()
+    _fallbacks.reset()
 
 
 def _log_fallback(reason: str) -> None:
-    with _logged_lock:
-        if reason in _logged:
-            return
-        _logged.add(reason)
-    logger.warning("turbo cross-entropy falls back to Megatron's implementation: %s", reason)
+    _fallbacks.warn("turbo cross-entropy falls back to Megatron's implementation: %s", reason)
 
 
 def _group_size(group: Any) -> Optional[int]:
@@ -534,13 +528,9 @@ _POSTPROCESS = "_postprocess"
 
 
 def _log_output_layer_fallback(reason: str) -> None:
-    key = "output layer: " + reason
-    with _logged_lock:
-        if key in _logged:
-            return
-        _logged.add(key)
-    logger.warning("turbo cross-entropy does not fuse the output layer with the loss "
-                   "(GPTModel's post-processing runs unchanged): %s", reason)
+    _fallbacks.warn("turbo cross-entropy does not fuse the output layer with the loss "
+                    "(GPTModel's post-processing runs unchanged): %s", reason,
+                    key="output layer: ")
 
 
 def _inference_active() -> bool:

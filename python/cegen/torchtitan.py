@@ -52,11 +52,11 @@ import functools
 import logging
 import math
 import sys
-import threading
-from typing import Any, Callable, Optional, Set, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 
+from ._log_once import LogOnce
 from ._ownership import is_compiling
 from ._runtime import runtime_available
 from .ops import cross_entropy_vouched
@@ -109,22 +109,16 @@ class JobConfig:
 
 # -- logging once per reason -------------------------------------------------------------------
 
-_logged: Set[str] = set()
-_logged_lock = threading.Lock()
+_fallbacks = LogOnce(logger)
 
 
 def reset_fallback_log() -> None:
     """Lets every fallback reason be logged again (for tests)."""
-    with _logged_lock:
-        _logged.clear()
+    _fallbacks.reset()
 
 
 def _log_fallback(reason: str) -> None:
-    with _logged_lock:
-        if reason in _logged:
-            return
-        _logged.add(reason)
-    logger.warning("cegen's cross entropy falls back to TorchTitan's own loss: %s", reason)
+    _fallbacks.warn("cegen's cross entropy falls back to TorchTitan's own loss: %s", reason)
 
 
 # -- dispatch ----------------------------------------------------------------------------------

@@ -90,46 +90,19 @@ Outcome openHere(const std::string &dir, bool callKernel) {
 
 /// openHere in a child process: a signal there is a failed case here.
 Outcome openInChild(const std::string &dir, bool callKernel) {
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    ADD_FAILURE() << "pipe: " << std::strerror(errno);
-    Outcome failed;
-    failed.signal = -1;
-    return failed;
-  }
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    Outcome outcome = openHere(dir, callKernel);
-    std::string report = std::to_string(outcome.status) + " " +
-                         (outcome.kernelWorks ? "1 " : "0 ") + outcome.message;
-    for (size_t done = 0; done < report.size();) {
-      ssize_t wrote =
-          ::write(fds[1], report.data() + done, report.size() - done);
-      if (wrote <= 0 && errno != EINTR)
-        break;
-      done += wrote > 0 ? size_t(wrote) : 0;
-    }
-    ::_exit(0); // No atexit handlers, no leak check: the parent judges.
-  }
-  ::close(fds[1]);
-  std::string report;
-  char buffer[4096];
-  for (;;) {
-    ssize_t got = ::read(fds[0], buffer, sizeof(buffer));
-    if (got > 0)
-      report.append(buffer, size_t(got));
-    else if (got == 0 || errno != EINTR)
-      break;
-  }
-  ::close(fds[0]);
-  int waitStatus = 0;
-  while (::waitpid(pid, &waitStatus, 0) < 0 && errno == EINTR) {
-  }
+  int signal = 0;
+  std::string report = runInChild(
+      [&] {
+        Outcome outcome = openHere(dir, callKernel);
+        return std::to_string(outcome.status) + " " +
+               (outcome.kernelWorks ? "1 " : "0 ") + outcome.message;
+      },
+      signal);
   Outcome outcome;
-  if (WIFSIGNALED(waitStatus)) {
-    outcome.signal = WTERMSIG(waitStatus);
+  if (signal != 0) {
+    outcome.signal = signal;
+    if (signal < 0)
+      ADD_FAILURE() << report;
     return outcome;
   }
   int status = 0, works = 0, consumed = 0;

@@ -54,40 +54,11 @@ const std::string kObject = "host-x86_64.so";
 /// Runs `body` in a child process and returns what it returns ("" when all
 /// went well), or how the child died.
 std::string inChild(const std::function<std::string()> &body) {
-  int fds[2];
-  if (::pipe(fds) != 0)
-    return std::string("pipe: ") + std::strerror(errno);
-  std::fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    std::string report = body();
-    for (size_t done = 0; done < report.size();) {
-      ssize_t wrote =
-          ::write(fds[1], report.data() + done, report.size() - done);
-      if (wrote <= 0 && errno != EINTR)
-        break;
-      done += wrote > 0 ? size_t(wrote) : 0;
-    }
-    ::_exit(0); // No atexit handlers, no leak check: the parent judges.
-  }
-  ::close(fds[1]);
-  std::string report;
-  char buffer[4096];
-  for (;;) {
-    ssize_t got = ::read(fds[0], buffer, sizeof(buffer));
-    if (got > 0)
-      report.append(buffer, size_t(got));
-    else if (got == 0 || errno != EINTR)
-      break;
-  }
-  ::close(fds[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFSIGNALED(status))
-    return report + "killed by signal " + std::to_string(WTERMSIG(status)) +
-           " (" + strsignal(WTERMSIG(status)) + ")";
+  int signal = 0;
+  std::string report = runInChild(body, signal);
+  if (signal > 0)
+    return report + "killed by signal " + std::to_string(signal) + " (" +
+           strsignal(signal) + ")";
   return report;
 }
 

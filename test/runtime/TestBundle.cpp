@@ -6,13 +6,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <link.h>
+#include <sys/wait.h>
 #include <tuple>
+#include <unistd.h>
 
 namespace ce::test {
 
@@ -332,6 +336,43 @@ ce_options defaultOptions() {
   ce_options options;
   ce_options_init(&options);
   return options;
+}
+
+std::string runInChild(const std::function<std::string()> &body, int &signal) {
+  signal = -1;
+  int fds[2];
+  if (::pipe(fds) != 0)
+    return std::string("pipe: ") + std::strerror(errno);
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string report = body();
+    for (size_t done = 0; done < report.size();) {
+      ssize_t wrote =
+          ::write(fds[1], report.data() + done, report.size() - done);
+      if (wrote <= 0 && errno != EINTR)
+        break;
+      done += wrote > 0 ? size_t(wrote) : 0;
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string report;
+  char buffer[4096];
+  for (;;) {
+    ssize_t got = ::read(fds[0], buffer, sizeof(buffer));
+    if (got > 0)
+      report.append(buffer, size_t(got));
+    else if (got == 0 || errno != EINTR)
+      break;
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  return report;
 }
 
 } // namespace ce::test

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <set>
 #include <string>
@@ -77,6 +78,12 @@ std::string fakeElf(uint16_t machine, uint16_t type, uint8_t osAbi,
                     const std::string &payload);
 /// fakeElf for AMDGPU (an HSA code object).
 std::string fakeHsaco(const std::string &payload);
+
+/// Runs `body` in a forked child and returns the text it returned; `signal`
+/// is the signal that killed the child (0 when it exited, -1 when no child
+/// could be started). The child leaves by _exit: no atexit handlers, no leak
+/// check; the parent judges.
+std::string runInChild(const std::function<std::string()> &body, int &signal);
 
 /// The objects the dynamic loader has loaded now (their load addresses).
 std::set<uintptr_t> loadedObjects();
