@@ -275,6 +275,14 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         RowStats exact;
         std::tie(exact.max, exact.rest) =
             allReduceState(loop.getResult(0), loop.getResult(1));
+        // A row here only for its overflowing sum keeps the main sweep's
+        // (max, rest): the same maximum, summed by many lanes, where this
+        // scalar loop sums one element after another (less accurate).
+        Value foldable = arith::CmpFOp::create(
+            b, arith::CmpFPredicate::OLT, math::AbsFOp::create(b, stats.max),
+            f32(kFoldLimit));
+        exact.rest =
+            arith::SelectOp::create(b, foldable, stats.rest, exact.rest);
         if (withSum) {
           exact.sum = allReduceSum(loop.getResult(2));
           // Each thread's shifted sum moved to the row's maximum (a thread
