@@ -6,11 +6,17 @@ for a CUDA device of compute capability 9.0, ``gfx942`` for an MI300X, ...):
 1. the bundle the caller named (``bundle=``): only that one, a missing variant is an error;
 2. bundles opened earlier in this process;
 3. ``Config.bundle_dirs``: bundles made ahead of time by ``ce-gen``;
-4. the on-disk cache ``<cache_dir>/<hash>``, one bundle per variant, where ``hash`` covers
+4. the package's prebuilt bundle for the target, ``cegen/_prebuilt/<target>/`` (an
+   installed wheel carries one per target; the source tree none). One that cannot be
+   opened here (a host bundle for CPU features this machine lacks) is skipped with a
+   warning, logged once;
+5. the on-disk cache ``<cache_dir>/<hash>``, one bundle per variant, where ``hash`` covers
    the variant key, the target and the identity of the ``ce-gen`` binary (a rebuilt
    ``ce-gen`` never reuses kernels of an older one);
-5. a cache miss runs ``ce-gen`` as a subprocess into a fresh directory that is renamed
-   into place atomically, so concurrent processes never see half a bundle.
+6. a cache miss runs ``ce-gen`` as a subprocess into a fresh directory that is renamed
+   into place atomically, so concurrent processes never see half a bundle; unless
+   ``Config.run_ce_gen`` is False (the default when the package carries prebuilt
+   kernels), when the miss is a :class:`VariantNotFoundError` saying how to get the kernel.
 
 ``ce-gen`` links MLIR and LLVM; running it as a subprocess keeps them out of the trainer.
 
@@ -77,6 +83,9 @@ _by_dir: Dict[str, Bundle] = {}
 #: One lock per bundle directory (an explicit bundle, a bundle_dirs entry, a cache entry):
 #: opening or building one never blocks calls that need another.
 _dir_locks: Dict[str, threading.Lock] = {}
+#: The package's prebuilt bundles that failed to open: directory -> the error (not retried
+#: until :func:`clear_open_bundles`).
+_prebuilt_errors: Dict[str, BundleError] = {}
 
 
 #: Bumped by :func:`clear_open_bundles`: lookups cached elsewhere (``cegen._kernels``) made
@@ -90,6 +99,7 @@ def clear_open_bundles() -> None:
     with _lock:
         _by_key.clear()
         _by_dir.clear()
+        _prebuilt_errors.clear()
         generation += 1
 
 
@@ -341,7 +351,9 @@ def _cached_bundle(key: VariantKey, ce_gen: Path, target: str, config: _config.C
                                   damage.status, damage.status_name) from damage
             raise VariantNotFoundError(
                 f"variant {key} for {target} is not in the cache {entry} and running ce-gen "
-                "is disabled (cegen.configure(run_ce_gen=False))"
+                f"is disabled (run_ce_gen=False){_prebuilt_note(target)}\n"
+                f"let cegen build it with {ce_gen}: cegen.configure(run_ce_gen=True); "
+                f"or build it ahead of time:\n  {_ahead_of_time_hint(key, target)}"
             )
         build_lock_path = _lock_file(entry, "build")
         build_lock = _FileLock.take(build_lock_path, exclusive=True, blocking=False)
@@ -482,6 +494,48 @@ def _variant_missing(key: VariantKey, target: str, bundle: Bundle) -> VariantNot
     )
 
 
+def _ahead_of_time_hint(key: VariantKey, target: str) -> str:
+    """How to build ``key`` into a bundle and have it searched."""
+    return (f"ce-gen --target={target} -o DIR {' '.join(key.ce_gen_options())}\n"
+            "and pass bundle=DIR or cegen.configure(bundle_dirs=[DIR])")
+
+
+def _prebuilt_note(target: str) -> str:
+    """A line for a miss: what the package's prebuilt kernels hold for ``target``."""
+    directory = _config.prebuilt_bundle_dir(target)
+    if directory is not None:
+        error = _prebuilt_errors.get(str(directory))
+        if error is not None:
+            return (f"\n(the package's prebuilt {target} kernels in {directory} cannot be "
+                    f"used here: {str(error).splitlines()[0]})")
+        return f"\n(the package's prebuilt {target} kernels in {directory} do not include it)"
+    targets = _config.prebuilt_targets()
+    if targets:
+        return (f"\n(the package carries prebuilt kernels for {', '.join(targets)}, "
+                f"none for {target})")
+    return ""
+
+
+def _prebuilt_bundle(target: str) -> Optional[Bundle]:
+    """The package's prebuilt bundle for ``target``, opened once; None when there is none
+    or it cannot be opened here (logged once as a warning, with why)."""
+    directory = _config.prebuilt_bundle_dir(target)
+    if directory is None:
+        return None
+    with _lock:
+        failed = str(directory) in _prebuilt_errors
+    if failed:
+        return None
+    try:
+        return _open_dir(directory)
+    except BundleError as error:
+        with _lock:
+            _prebuilt_errors[str(directory)] = error
+        logger.warning("the package's prebuilt %s kernels in %s cannot be used here, looking "
+                       "elsewhere: %s", target, directory, error)
+        return None
+
+
 def _remember(memo: Tuple[str, str], bundle: Bundle) -> Bundle:
     with _lock:
         return _by_key.setdefault(memo, bundle)
@@ -514,12 +568,17 @@ def bundle_for(key: VariantKey, bundle: Optional[BundleLike] = None, target: str
         if opened.has(key, target):
             return _remember(memo, opened)
 
+    prebuilt = _prebuilt_bundle(target)
+    if prebuilt is not None and prebuilt.has(key, target):
+        return _remember(memo, prebuilt)
+
     ce_gen = find_ce_gen(config)
     if ce_gen is None:
         looked = "\n  ".join(str(c) for c in _config.ce_gen_candidates(config))
         raise VariantNotFoundError(
             f"no bundle holds variant {key} for {target} and ce-gen was not found to build "
-            f"it; looked at:"
-            f"\n  {looked}\nbuild ce-gen, pass bundle=, or cegen.configure(bundle_dirs=...)"
+            f"it{_prebuilt_note(target)}\nce-gen was looked for at:\n  {looked}\n"
+            f"build it where ce-gen is installed (LLVM/MLIR 22):\n  "
+            f"{_ahead_of_time_hint(key, target)}"
         )
     return _remember(memo, _cached_bundle(key, ce_gen, target, config))

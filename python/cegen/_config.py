@@ -3,12 +3,18 @@
 Nothing here reads an environment variable: every setting is a function argument
 (:func:`configure`, :func:`set_runtime_library`) with a default that is discovered from
 where the package lives (next to an installed package, or the repository's ``build/``).
+
+An installed wheel (``scripts/build_wheel.sh``, docs/packaging.md) carries the runtime as
+``cegen/libce_runtime.so`` and kernels made ahead of time, one bundle per target, in
+``cegen/_prebuilt/<target>/``: both are found without any configuration, and a package that
+carries prebuilt kernels does not run ``ce-gen`` by default (``Config.run_ce_gen``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import threading
@@ -26,6 +32,8 @@ __all__ = [
     "runtime_library_candidates",
     "ce_gen_candidates",
     "add_config_listener",
+    "prebuilt_bundle_dir",
+    "prebuilt_targets",
 ]
 
 RUNTIME_LIBRARY_NAME = "libce_runtime.so"
@@ -33,6 +41,36 @@ CE_GEN_NAME = "ce-gen"
 
 #: The directory of this package (``python/cegen`` in the source tree).
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+#: Kernels made ahead of time that ship inside the package (a wheel built by
+#: ``scripts/build_wheel.sh``): ``<PREBUILT_DIR>/<target>/manifest.json`` and its code
+#: objects, one bundle per target. Absent in the source tree.
+PREBUILT_DIR = PACKAGE_DIR / "_prebuilt"
+
+#: What a target's name may be (``host``, ``sm_90``, ``gfx942``): it names a directory.
+_TARGET_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def prebuilt_bundle_dir(target: str) -> Optional[Path]:
+    """The package's prebuilt bundle for ``target``, or None when it carries none."""
+    if not _TARGET_NAME.match(target):
+        return None
+    directory = PREBUILT_DIR / target
+    return directory if (directory / "manifest.json").is_file() else None
+
+
+def prebuilt_targets() -> List[str]:
+    """The targets the package carries prebuilt kernels for, sorted (none: ``[]``)."""
+    try:
+        names = sorted(os.listdir(PREBUILT_DIR))
+    except OSError:
+        return []
+    return [name for name in names if prebuilt_bundle_dir(name) is not None]
+
+
+def _run_ce_gen_default() -> bool:
+    """``Config.run_ce_gen``'s default: False when the package carries prebuilt kernels."""
+    return not prebuilt_targets()
 
 
 def _source_tree_root() -> Optional[Path]:
@@ -59,13 +97,17 @@ class Config:
         cache_dir: where bundles that ``ce-gen`` builds on a cache miss are kept, one
             directory per variant (``<cache_dir>/<hash>``). Default ``~/.cache/cegen``.
         bundle_dirs: bundles made ahead of time by ``ce-gen``, searched (in order) before
-            the cache.
+            the package's prebuilt kernels (``cegen/_prebuilt/<target>/`` of an installed
+            wheel) and the cache.
         build_dir: a cegen build directory (``build/`` of the repository by default) in
             which the runtime library and ``ce-gen`` are looked for.
         runtime_library: an explicit ``libce_runtime.so`` (see :func:`set_runtime_library`).
         ce_gen: an explicit ``ce-gen`` executable.
         run_ce_gen: whether a cache miss may run ``ce-gen``; when False a variant that no
-            bundle holds is an error.
+            bundle holds is an error. Default: False when the package carries prebuilt
+            kernels (an installed wheel, docs/packaging.md: a training node needs no
+            compiler, and a variant it lacks is a clear error rather than a search for
+            ``ce-gen``), True otherwise (the source tree, ``PYTHONPATH=python``).
         ce_gen_timeout_s: how long one ``ce-gen`` run may take, in seconds (> 0).
         cache_max_bytes: the size limit of ``cache_dir`` in bytes, or None for no limit.
             After each ``ce-gen`` run the cache removes entries that no process has open,
@@ -78,7 +120,7 @@ class Config:
     build_dir: Optional[Path] = None
     runtime_library: Optional[Path] = None
     ce_gen: Optional[Path] = None
-    run_ce_gen: bool = True
+    run_ce_gen: bool = dataclasses.field(default_factory=_run_ce_gen_default)
     ce_gen_timeout_s: float = 900.0
     cache_max_bytes: Optional[int] = 4 * 2 ** 30
 

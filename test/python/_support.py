@@ -7,12 +7,17 @@ Run from the repository root::
 The runtime library and ce-gen are found in ``build/`` (the package's default
 discovery). Tests that launch kernels skip, with the reason, only when one of them has
 not been built; every other test runs everywhere.
+
+With ``CEGEN_TEST_INSTALLED=1`` (scripts/test_wheel.sh) the tests run against the
+``cegen`` that Python finds installed (a wheel in a virtual environment), not this
+checkout's ``python/``, and kernels may come from the package's prebuilt bundles alone.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import shutil
 import sys
 import tempfile
@@ -25,8 +30,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 STANDIN = HERE / "megatron_standin"
 
-# Usable without PYTHONPATH too: the package from this checkout, and the Megatron stand-in.
-if str(REPO / "python") not in sys.path:
+#: Whether the tests run against an installed cegen (scripts/test_wheel.sh sets it).
+INSTALLED = os.environ.get("CEGEN_TEST_INSTALLED") == "1"
+
+# Usable without PYTHONPATH too: the package from this checkout (unless the installed one
+# is under test), and the Megatron stand-in.
+if not INSTALLED and str(REPO / "python") not in sys.path:
     sys.path.insert(0, str(REPO / "python"))
 if str(STANDIN) not in sys.path:
     sys.path.insert(0, str(STANDIN))
@@ -49,15 +58,16 @@ cegen.configure(cache_dir=_CACHE)
 
 
 def kernels_missing() -> Optional[str]:
-    """Why kernels cannot be launched here (the runtime or ce-gen is not built), or None."""
+    """Why kernels cannot be launched here (the runtime is not built, or neither ce-gen
+    nor prebuilt kernels in the package are there), or None."""
     try:
         _runtime.get_runtime()
     except cegen.RuntimeLibraryError as error:
         looked = ", ".join(str(p) for p in _config.runtime_library_candidates())
         return f"libce_runtime.so is not built (looked at {looked}): {str(error).splitlines()[0]}"
-    if _bundle_cache.find_ce_gen() is None:
+    if _bundle_cache.find_ce_gen() is None and not _config.prebuilt_targets():
         looked = ", ".join(str(p) for p in _config.ce_gen_candidates())
-        return f"ce-gen is not built (looked at {looked})"
+        return f"ce-gen is not built (looked at {looked}) and the package has no prebuilt kernels"
     return None
 
 
@@ -189,7 +199,7 @@ def recorded_descriptors() -> Iterator[List[Tuple[str, Tuple[int, ...], Tuple[in
 
 
 __all__ = [
-    "REPO", "STANDIN", "SEED", "requires_kernels", "kernels_missing", "generator",
+    "REPO", "STANDIN", "SEED", "INSTALLED", "requires_kernels", "kernels_missing", "generator",
     "random_logits", "random_labels", "sft_labels", "reference", "assert_close", "recorded_descriptors",
     "GRAD_TOLERANCE", "LOSS_TOLERANCE",
 ]
