@@ -132,4 +132,6 @@ for row in figures["targets"]:
     print(f"{row['target']:8} {row['kernels']:8d} {row['bytes']:12d} {row['seconds']:8.1f}")
 EOF
 echo "== $wheel ($(stat -c %s "$wheel") bytes; figures in $OUT/kernels.json)"
-echo "install: python3 -m pip install --no-deps $wheel"
+echo "Install it into a virtual environment that sees Debian's torch (or one with pip's torch):"
+echo "  /usr/bin/python3 -m venv --system-site-packages ~/cegen-venv"
+echo "  ~/cegen-venv/bin/pip install --no-deps ${wheel#"$REPO"/}"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # cegen quick start on a fresh Debian 12 machine: installs the Debian
 # packages, configures and builds everything, emits a host kernel bundle with
-# ce-gen and runs one forward and backward on random data through the runtime.
+# ce-gen and runs one forward and backward on random data through the runtime;
+# then builds the wheel (runtime + prebuilt kernels for every target,
+# scripts/build_wheel.sh) and prints how to pip install it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,7 @@ PACKAGES=(
   llvm-22-dev llvm-22-tools libmlir-22-dev mlir-22-tools lld-22
   googletest libgtest-dev libgmock-dev
   python3-torch python3-yaml python3-numpy
+  python3-pip python3-setuptools python3-wheel python3-venv
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -31,3 +34,6 @@ build/bin/ce-gen --target=host --op=forward,backward --logits=bf16 \
   --labels=i64 --layout=sbv_bs -o build/quickstart-bundle
 echo "== running one forward and backward through libce_runtime"
 build/bin/ce-demo build/quickstart-bundle 16 4 32000
+
+echo "== building the wheel: the runtime and prebuilt kernels for every target"
+scripts/build_wheel.sh
