@@ -2,14 +2,14 @@
 # Builds the cegen wheel a training node installs (docs/packaging.md), offline, with
 # Debian 12's pip, setuptools and wheel:
 #   1. one prebuilt kernel bundle per target (host sm_90 gfx942 gfx950 gfx90a) with
-#      build/bin/ce-gen, CE_WHEEL_JOBS targets at a time (default 2), each printing its
+#      build/bin/ce-gen (or $CE_GEN), CE_WHEEL_JOBS targets at a time (default 2), each printing its
 #      kernels, bytes on disk and generation seconds; a target whose bundle was made by
 #      the same ce-gen binary and command line is reused;
 #   2. the runtime built for any x86-64 glibc Linux next to any PyTorch (libstdc++ and
 #      libgcc linked in and hidden: test/gpu/build_device_runtime.sh), or the library
 #      named by CE_WHEEL_RUNTIME;
 #   3. python/ staged with the runtime as cegen/libce_runtime.so and the bundles as
-#      cegen/_prebuilt/<target>/, built into a py3-none-linux_x86_64 wheel.
+#      cegen/prebuilt-kernels/<target>/, built into a py3-none-linux_x86_64 wheel.
 # Output in build/wheel/: the wheel, and kernels.json (per target: kernels, bytes,
 # seconds; the wheel's name and size). Needs scripts/build.sh to have run.
 set -euo pipefail
@@ -21,7 +21,7 @@ STAGE=$OUT/stage
 TARGETS=(host sm_90 gfx942 gfx950 gfx90a)
 JOBS=${CE_WHEEL_JOBS:-2}
 PYTHON=/usr/bin/python3
-export CE_GEN=$REPO/build/bin/ce-gen BUNDLES
+export CE_GEN=${CE_GEN:-$REPO/build/bin/ce-gen} BUNDLES
 
 if [ ! -x "$CE_GEN" ]; then
   echo "build_wheel: $CE_GEN is not built; run scripts/build.sh first" >&2
@@ -67,6 +67,7 @@ generate_target() {
 export -f emit_bundle generate_target
 
 mkdir -p "$BUNDLES"
+rm -f "$OUT"/*.whl "$OUT/kernels.json"  # no stale wheel survives a failed build
 echo "== prebuilt bundles for ${TARGETS[*]} ($JOBS at a time)"
 started=$EPOCHREALTIME
 printf '%s\n' "${TARGETS[@]}" | xargs -P "$JOBS" -I{} bash -c 'generate_target "$1"' _ {}
@@ -93,13 +94,12 @@ tar -C python --exclude=__pycache__ --exclude='*.pyc' -cf - \
   pyproject.toml setup.py README.md primus_with_cegen.py cegen | tar -C "$STAGE" -xf -
 cp -L "$runtime" "$STAGE/cegen/libce_runtime.so"
 strip --strip-unneeded "$STAGE/cegen/libce_runtime.so"  # the C API stays in .dynsym
-mkdir "$STAGE/cegen/_prebuilt"
+mkdir "$STAGE/cegen/prebuilt-kernels"
 for target in "${TARGETS[@]}"; do
-  cp -r "$BUNDLES/$target" "$STAGE/cegen/_prebuilt/$target"
+  cp -r "$BUNDLES/$target" "$STAGE/cegen/prebuilt-kernels/$target"
 done
 
 echo "== wheel"
-rm -f "$OUT"/*.whl
 "$PYTHON" -m pip wheel --no-deps --no-build-isolation --no-index --no-cache-dir -q \
   -w "$OUT" "$STAGE"
 wheel=$(ls "$OUT"/cegen-*.whl)
@@ -112,7 +112,7 @@ wheel, bundles, seconds, jobs, command, targets = (sys.argv[1], sys.argv[2], sys
                                                    sys.argv[4], sys.argv[5], sys.argv[6:])
 names = set(zipfile.ZipFile(wheel).namelist())
 needed = ["cegen/libce_runtime.so", "cegen/__init__.py"] + [
-    f"cegen/_prebuilt/{target}/manifest.json" for target in targets]
+    f"cegen/prebuilt-kernels/{target}/manifest.json" for target in targets]
 missing = [name for name in needed if name not in names]
 if missing or not wheel.endswith("-py3-none-linux_x86_64.whl"):
     sys.exit(f"build_wheel: {wheel} lacks {missing} or is not py3-none-linux_x86_64")

@@ -6,7 +6,7 @@ for a CUDA device of compute capability 9.0, ``gfx942`` for an MI300X, ...):
 1. the bundle the caller named (``bundle=``): only that one, a missing variant is an error;
 2. bundles opened earlier in this process;
 3. ``Config.bundle_dirs``: bundles made ahead of time by ``ce-gen``;
-4. the package's prebuilt bundle for the target, ``cegen/_prebuilt/<target>/`` (an
+4. the package's prebuilt bundle for the target, ``cegen/prebuilt-kernels/<target>/`` (an
    installed wheel carries one per target; the source tree none). One that cannot be
    opened here (a host bundle for CPU features this machine lacks) is skipped with a
    warning, logged once;

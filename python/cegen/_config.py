@@ -6,8 +6,8 @@ where the package lives (next to an installed package, or the repository's ``bui
 
 An installed wheel (``scripts/build_wheel.sh``, docs/packaging.md) carries the runtime as
 ``cegen/libce_runtime.so`` and kernels made ahead of time, one bundle per target, in
-``cegen/_prebuilt/<target>/``: both are found without any configuration, and a package that
-carries prebuilt kernels does not run ``ce-gen`` by default (``Config.run_ce_gen``).
+``cegen/prebuilt-kernels/<target>/``: both are found without any configuration, and a package
+that carries prebuilt kernels does not run ``ce-gen`` by default (``Config.run_ce_gen``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 #: Kernels made ahead of time that ship inside the package (a wheel built by
 #: ``scripts/build_wheel.sh``): ``<PREBUILT_DIR>/<target>/manifest.json`` and its code
 #: objects, one bundle per target. Absent in the source tree.
-PREBUILT_DIR = PACKAGE_DIR / "_prebuilt"
+PREBUILT_DIR = PACKAGE_DIR / "prebuilt-kernels"
 
 #: What a target's name may be (``host``, ``sm_90``, ``gfx942``): it names a directory.
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -97,7 +97,7 @@ class Config:
         cache_dir: where bundles that ``ce-gen`` builds on a cache miss are kept, one
             directory per variant (``<cache_dir>/<hash>``). Default ``~/.cache/cegen``.
         bundle_dirs: bundles made ahead of time by ``ce-gen``, searched (in order) before
-            the package's prebuilt kernels (``cegen/_prebuilt/<target>/`` of an installed
+            the package's prebuilt kernels (``cegen/prebuilt-kernels/<target>/`` of an installed
             wheel) and the cache.
         build_dir: a cegen build directory (``build/`` of the repository by default) in
             which the runtime library and ``ce-gen`` are looked for.

@@ -1,6 +1,6 @@
 """How the package finds the kernels it carries (issue 15, item 3).
 
-An installed wheel holds one bundle per target in ``cegen/_prebuilt/<target>/``: it is
+An installed wheel holds one bundle per target in ``cegen/prebuilt-kernels/<target>/``: it is
 searched after ``Config.bundle_dirs`` and before the cache, only the asked target's;
 ``run_ce_gen`` defaults to False when the package carries one; a prebuilt bundle that cannot
 be opened is skipped with one warning; a miss says what to do; the runtime next to the
@@ -54,7 +54,7 @@ class PrebuiltTestCase(unittest.TestCase):
     def setUp(self) -> None:
         self.previous = cegen.get_config()
         self.work = Path(tempfile.mkdtemp(prefix="case-", dir=_WORK))
-        self.root = self.work / "_prebuilt"
+        self.root = self.work / "prebuilt-kernels"
         self.cache = self.work / "cache"
         patcher = mock.patch.object(_config, "PREBUILT_DIR", self.root)
         patcher.start()
@@ -109,7 +109,7 @@ class TestRunCeGenDefault(PrebuiltTestCase):
 
     def test_the_source_tree_carries_none(self) -> None:
         # The real package directory of the source tree: no prebuilt kernels, ce-gen runs.
-        self.assertFalse((_config.PACKAGE_DIR / "_prebuilt").exists())
+        self.assertFalse((_config.PACKAGE_DIR / "prebuilt-kernels").exists())
         self.assertIs(self.previous.run_ce_gen, True)
 
 
