@@ -6,6 +6,8 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinAttributes.h"
 
+#include <iterator>
+
 using namespace mlir;
 using namespace mlir::ce;
 using ::ce::ElemType;
@@ -88,13 +90,13 @@ static MemRefType stridedMemRef(int64_t rank, Type element,
 }
 
 /// The type of an argument of `shape` in `memorySpace`: logits-like
-/// memrefs have a unit inner stride, a rank-0 integer is passed by value.
+/// memrefs have a unit inner stride, the value roles are passed by value.
 static Type argType(Builder &b, ::ce::ArgRole role, ::ce::ArgShape shape,
                     Attribute memorySpace) {
   Type element = toMlirType(b, shape.dtype);
-  switch (role) {
-  case ::ce::ArgRole::Flags:
+  if (::ce::isValueRole(role))
     return element;
+  switch (role) {
   case ::ce::ArgRole::Status:
     return MemRefType::get({1}, element, MemRefLayoutAttrInterface(),
                            memorySpace);
@@ -106,11 +108,10 @@ static Type argType(Builder &b, ::ce::ArgRole role, ::ce::ArgShape shape,
   }
 }
 
-/// The kernel's argument types: the bundle ABI's roles, then the flags.
+/// The kernel's argument types: the bundle ABI's roles, tensors then values.
 static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
                                         Attribute memorySpace) {
   std::vector<::ce::ArgRole> roles = ::ce::expectedRoles(key);
-  roles.push_back(::ce::ArgRole::Flags);
   SmallVector<Type> argTypes;
   for (::ce::ArgRole role : roles)
     argTypes.push_back(
@@ -118,39 +119,54 @@ static SmallVector<Type> kernelArgTypes(Builder &b, const KernelVariantKey &key,
   return argTypes;
 }
 
-/// Builds the ce op of `key` over the kernel's arguments at `b`.
+/// Builds the ce op of `key` over the kernel's arguments at `b`: the option
+/// values are the run-time arguments (the smoothing, z-loss and shard ones
+/// only where the variant computes them).
 static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                           const KernelVariantKey &key) {
-  Value logits = args[0], labels = args[1];
-  Value status = args[args.size() - 2], flags = args.back();
+  constexpr size_t numValues = std::size(::ce::kValueRoles);
+  ValueRange values = args.take_back(numValues);
+  ValueRange tensors = args.drop_back(numValues);
+  Value logits = tensors[0], labels = tensors[1], status = tensors.back();
+  Value flags = values[0], ignoreIndex = values[1];
+  Value smoothingValue = key.smoothing ? values[2] : Value();
+  Value zLossValue = key.zLoss ? values[3] : Value();
+  Value shardStart = key.sharded() ? values[4] : Value();
+  Value shardVocab = key.sharded() ? values[5] : Value();
   auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
-  IntegerAttr ignore =
-      key.ignoreIndex ? b.getI64IntegerAttr(*key.ignoreIndex) : IntegerAttr();
-  FloatAttr smoothing = b.getF32FloatAttr(key.labelSmoothing);
-  FloatAttr zLoss = b.getF32FloatAttr(key.zLoss);
+  IntegerAttr ignore;
+  FloatAttr smoothing = b.getF32FloatAttr(0.0f);
+  FloatAttr zLoss = b.getF32FloatAttr(0.0f);
   UnitAttr overwrite = key.overwrite ? b.getUnitAttr() : UnitAttr();
   ShardAttr shard =
-      key.shard ? ShardAttr::get(b.getContext(), key.shard->start,
-                                 key.shard->vocab, key.shard->globalSmoothing)
-                : ShardAttr();
+      key.sharded() ? ShardAttr::get(b.getContext(), 0, 0,
+                                     key.shard == ::ce::ShardKind::Global)
+                    : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
-    ForwardOp::create(b, loc, logits, labels, args[2], args[3], status, flags,
-                      layout, ignore, smoothing, zLoss, shard);
+    ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3], status,
+                      flags, ignoreIndex, smoothingValue, zLossValue,
+                      shardStart, shardVocab, layout, ignore, smoothing, zLoss,
+                      shard);
     break;
   case KernelOp::ShardStats:
-    ShardStatsOp::create(b, loc, logits, labels, args[2], status, flags, layout,
-                         ignore, smoothing, zLoss, shard);
+    ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
+                         ignoreIndex, smoothingValue, zLossValue, shardStart,
+                         shardVocab, layout, ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
-    BackwardOp::create(b, loc, logits, labels, args[2], args[3],
-                       key.overwrite ? logits : args[4], status, flags, layout,
-                       ignore, smoothing, zLoss, shard, overwrite);
+    BackwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
+                       key.overwrite ? logits : tensors[4], status, flags,
+                       ignoreIndex, smoothingValue, zLossValue, shardStart,
+                       shardVocab, layout, ignore, smoothing, zLoss, shard,
+                       overwrite);
     break;
   case KernelOp::Fused:
-    FusedOp::create(b, loc, logits, labels, args[2], args[3], args[4],
-                    key.overwrite ? logits : args[5], status, flags, layout,
-                    ignore, smoothing, zLoss, shard, overwrite);
+    FusedOp::create(b, loc, logits, labels, tensors[2], tensors[3], tensors[4],
+                    key.overwrite ? logits : tensors[5], status, flags,
+                    ignoreIndex, smoothingValue, zLossValue, shardStart,
+                    shardVocab, layout, ignore, smoothing, zLoss, shard,
+                    overwrite);
     break;
   }
 }
@@ -211,20 +227,39 @@ public:
     return success();
   }
 
-  FailureOr<std::vector<EmittedArg>> finish() {
+  /// The argument list, which must be the bundle ABI's for `key`: its
+  /// tensors, then every value role (a value the variant does not compute
+  /// with, such as the smoothing of a kernel without smoothing, is an unused
+  /// argument of the right type).
+  FailureOr<std::vector<EmittedArg>> finish(const KernelVariantKey &key) {
+    std::vector<::ce::ArgRole> expected = ::ce::expectedRoles(key);
+    if (roles.size() != expected.size())
+      return func.emitError("a kernel of \"")
+             << key.str() << "\" takes " << expected.size()
+             << " arguments (its tensors, then flags, ignore_index, "
+                "label_smoothing, z_loss, shard_start and shard_vocab by "
+                "value), this function " << roles.size();
     std::vector<EmittedArg> args;
     for (auto [i, role] : llvm::enumerate(roles)) {
-      if (!role)
+      if (role ? *role != expected[i] : !::ce::isValueRole(expected[i]))
         return func.emitError("argument #")
-               << i << " does not feed the ce op directly";
+               << i << " must feed the ce op's '"
+               << ::ce::stringify(expected[i]) << "'";
       Type type = func.getArgumentTypes()[i];
-      // A scalar (the flags) is passed by value; the manifest gives rank 0.
       auto memref = dyn_cast<MemRefType>(type);
       Type elementType = memref ? memref.getElementType() : type;
       FailureOr<ElemType> element = fromMlirType(elementType);
-      if (failed(element))
-        return func.emitError("unsupported element type ") << elementType;
-      args.push_back({*role, memref ? memref.getRank() : 0, *element});
+      ::ce::ArgShape want = ::ce::expectedArg(key, expected[i]);
+      if (failed(element) || *element != want.dtype ||
+          (memref ? memref.getRank() : 0) != want.rank ||
+          ::ce::isValueRole(expected[i]) == static_cast<bool>(memref))
+        return func.emitError("argument #")
+               << i << " ('" << ::ce::stringify(expected[i]) << "') has type "
+               << type << ", expected " << ::ce::stringify(want.dtype)
+               << (::ce::isValueRole(expected[i])
+                       ? " by value"
+                       : " memref of rank " + std::to_string(want.rank));
+      args.push_back({expected[i], want.rank, want.dtype});
     }
     return args;
   }
@@ -251,51 +286,55 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
   KernelVariantKey &key = info.key;
   RoleMap roles(func);
   auto common = [&](auto op) -> LogicalResult {
-    if (ShardAttr shard = op.getShardAttr())
-      key.shard = ::ce::VocabShard{shard.getStart(), shard.getVocab(),
-                                   shard.getGlobalSmoothing()};
-    if (!op.getStatus())
-      return op.emitError("a kernel for a bundle needs a status operand to "
-                          "report out-of-range labels");
+    ShardAttr shard = op.getShardAttr();
+    if (op.getIgnoreIndexAttr() || !op.getLabelSmoothing().isZero() ||
+        !op.getZLoss().isZero() || (shard && shard.hasBounds()))
+      return op.emitError(
+          "a kernel for a bundle takes ignore_index, label_smoothing, z_loss "
+          "and a shard's bounds as run-time operands (bundle format version "
+          "3), not as attributes");
+    if (!op.getStatus() || !op.getFlags() || !op.getIgnoreIndexValue())
+      return op.emitError("a kernel for a bundle needs status, flags and "
+                          "ignore_index operands (docs/bundle-format.md)");
+    if (shard)
+      key.shard = shard.getGlobalSmoothing() ? ::ce::ShardKind::Global
+                                             : ::ce::ShardKind::Local;
     key.logits = *fromMlirType(op.getLogits().getType().getElementType());
     key.labels = *fromMlirType(op.getLabels().getType().getElementType());
     key.layout = fromLayout(op.getLayout());
-    if (IntegerAttr ignore = op.getIgnoreIndexAttr())
-      key.ignoreIndex = ignore.getInt();
-    key.labelSmoothing = op.getLabelSmoothing().convertToFloat();
-    key.zLoss = op.getZLoss().convertToFloat();
-    if (failed(roles.add(ArgRole::Logits, op.getLogits())) ||
-        failed(roles.add(ArgRole::Labels, op.getLabels())))
-      return failure();
-    return success();
-  };
-  // Optional: a kernel without run-time flags serves requests with none.
-  auto addFlags = [&](auto op) -> LogicalResult {
-    return op.getFlags() ? roles.add(ArgRole::Flags, op.getFlags()) : success();
+    key.smoothing = static_cast<bool>(op.getLabelSmoothingValue());
+    key.zLoss = static_cast<bool>(op.getZLossValue());
+    auto addIf = [&](ArgRole role, Value value) {
+      return value ? roles.add(role, value) : success();
+    };
+    return LogicalResult::success(
+        succeeded(roles.add(ArgRole::Logits, op.getLogits())) &&
+        succeeded(roles.add(ArgRole::Labels, op.getLabels())) &&
+        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
+        succeeded(roles.add(ArgRole::Flags, op.getFlags())) &&
+        succeeded(roles.add(ArgRole::IgnoreIndex, op.getIgnoreIndexValue())) &&
+        succeeded(addIf(ArgRole::LabelSmoothing, op.getLabelSmoothingValue())) &&
+        succeeded(addIf(ArgRole::ZLoss, op.getZLossValue())) &&
+        succeeded(addIf(ArgRole::ShardStart, op.getShardStart())) &&
+        succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())));
   };
   LogicalResult result = success();
   if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
     key.op = KernelOp::Forward;
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
-        succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
-        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
-        succeeded(addFlags(op)));
+        succeeded(roles.add(ArgRole::Lse, op.getLse())));
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())) &&
-        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
-        succeeded(addFlags(op)));
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;
     key.overwrite = op.getOverwriteInput();
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
         succeeded(roles.add(ArgRole::GradLoss, op.getGradLoss())) &&
-        succeeded(roles.add(ArgRole::Grad, op.getGrad())) &&
-        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
-        succeeded(addFlags(op)));
+        succeeded(roles.add(ArgRole::Grad, op.getGrad())));
   } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
     key.op = KernelOp::Fused;
     key.overwrite = op.getOverwriteInput();
@@ -307,13 +346,11 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add(ArgRole::Weights, op.getWeights())) &&
         succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
         succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
-        succeeded(roles.add(ArgRole::Grad, op.getGrad())) &&
-        succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
-        succeeded(addFlags(op)));
+        succeeded(roles.add(ArgRole::Grad, op.getGrad())));
   }
   if (failed(result))
     return failure();
-  FailureOr<std::vector<EmittedArg>> args = roles.finish();
+  FailureOr<std::vector<EmittedArg>> args = roles.finish(key);
   if (failed(args))
     return failure();
   info.args = std::move(*args);

@@ -7,7 +7,6 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/ADT/StringSwitch.h"
 
-#include <cmath>
 #include <functional>
 #include <optional>
 #include <set>
@@ -18,13 +17,15 @@ using ::ce::ElemType;
 using ::ce::KernelOp;
 using ::ce::KernelVariantKey;
 using ::ce::LabelLayout;
-using ::ce::VocabShard;
+using ::ce::ShardKind;
 using ::ce::WeightsKind;
 
 bool VariantOptions::any() const {
+  if (all)
+    return true;
   for (const std::vector<std::string> *list :
-       {&ops, &logits, &labels, &layouts, &ignoreIndices, &smoothings,
-        &zLosses, &overwrites, &weights, &shards, &keys})
+       {&ops, &logits, &labels, &layouts, &smoothings, &zLosses, &overwrites,
+        &weights, &shards, &keys})
     if (!list->empty())
       return true;
   return false;
@@ -52,13 +53,6 @@ parseEach(const std::vector<std::string> &values,
     out.push_back(*value);
   }
   return success();
-}
-
-std::optional<float> parseFloat(StringRef text) {
-  double value;
-  if (text.trim() != text || text.getAsDouble(value))
-    return std::nullopt;
-  return static_cast<float>(value);
 }
 
 std::optional<KernelOp> parseOp(StringRef s) {
@@ -93,27 +87,12 @@ std::optional<LabelLayout> parseLayout(StringRef s) {
       .Default(std::nullopt);
 }
 
-std::optional<std::optional<int64_t>> parseIgnore(StringRef s) {
-  if (s == "none")
-    return std::optional<int64_t>();
-  int64_t value;
-  if (s.getAsInteger(10, value))
-    return std::nullopt;
-  return std::optional<int64_t>(value);
-}
-
-std::optional<float> parseSmoothing(StringRef s) {
-  std::optional<float> value = parseFloat(s);
-  if (!value || !(*value >= 0.0f && *value < 1.0f))
-    return std::nullopt;
-  return value;
-}
-
-std::optional<float> parseZLoss(StringRef s) {
-  std::optional<float> value = parseFloat(s);
-  if (!value || !(*value >= 0.0f) || std::isinf(*value))
-    return std::nullopt;
-  return value;
+std::optional<bool> parseOnOff(StringRef s) {
+  if (s == "off")
+    return false;
+  if (s == "on")
+    return true;
+  return std::nullopt;
 }
 
 std::optional<bool> parseBool(StringRef s) {
@@ -131,42 +110,29 @@ std::optional<WeightsKind> parseWeights(StringRef s) {
       .Default(std::nullopt);
 }
 
-std::optional<std::optional<VocabShard>> parseShard(StringRef s) {
-  if (s == "none")
-    return std::optional<VocabShard>();
-  std::optional<VocabShard> shard = ::ce::parseVocabShard(s);
-  if (!shard || shard->vocab <= 0 || shard->start < 0 ||
-      shard->start >= shard->vocab)
-    return std::nullopt;
-  return shard;
+std::optional<ShardKind> parseShard(StringRef s) {
+  return llvm::StringSwitch<std::optional<ShardKind>>(s)
+      .Case("none", ShardKind::None)
+      .Case("local", ShardKind::Local)
+      .Case("global", ShardKind::Global)
+      .Default(std::nullopt);
 }
 
-/// Checks a key given with --variant: the same rules as the lists.
-LogicalResult checkKey(const KernelVariantKey &key, StringRef text,
-                       std::string &error) {
-  auto fail = [&](StringRef why) {
-    error = "--variant='" + text.str() + "': " + why.str();
-    return failure();
-  };
-  if (!(key.labelSmoothing >= 0.0f && key.labelSmoothing < 1.0f))
-    return fail("label_smoothing must be in [0, 1)");
-  if (!(key.zLoss >= 0.0f) || std::isinf(key.zLoss))
-    return fail("z_loss must be finite and >= 0");
+/// Why `key` names no kernel, or an empty string. Shared by the lists (which
+/// skip such combinations) and --variant (which reports them).
+std::string whyNotAKernel(const KernelVariantKey &key) {
   bool gradient = key.op == KernelOp::Backward || key.op == KernelOp::Fused;
   if (key.overwrite && !gradient)
-    return fail("overwrite=1 needs op=backward or fused");
+    return "overwrite=1 needs op=backward or fused";
   if ((key.weights != WeightsKind::None) != (key.op == KernelOp::Fused))
-    return fail("weights is scalar or token for op=fused, none otherwise");
-  if (key.shard.has_value() !=
-      (key.op == KernelOp::ShardStats) && key.op != KernelOp::Backward)
-    return fail("a shard is for op=shard_stats (always) or backward");
-  if (key.shard && (key.shard->vocab <= 0 || key.shard->start < 0 ||
-                    key.shard->start >= key.shard->vocab))
-    return fail("the shard's START must be in [0, VOCAB)");
-  if (key.op == KernelOp::ShardStats && (key.zLoss != 0.0f || key.overwrite))
-    return fail("shard_stats has z_loss=0 and overwrite=0 (the z-loss "
-                "applies after the shards are combined)");
-  return success();
+    return "weights is scalar or token for op=fused, none otherwise";
+  if (key.sharded() != (key.op == KernelOp::ShardStats) &&
+      key.op != KernelOp::Backward)
+    return "a shard is for op=shard_stats (always) or backward";
+  if (key.op == KernelOp::ShardStats && key.zLoss)
+    return "shard_stats has z_loss=off (the z-loss applies after the "
+           "shards' statistics are combined)";
+  return "";
 }
 
 FailureOr<std::vector<KernelVariantKey>>
@@ -177,14 +143,17 @@ keysFromText(ArrayRef<std::string> texts, std::string &error) {
     std::optional<KernelVariantKey> key = ::ce::parseKernelVariantKey(text);
     if (!key) {
       error = "--variant='" + text +
-              "' is not a canonical variant key (docs/bundle-format.md: "
-              "op=...,logits=...,labels=...,layout=...,ignore_index=...,"
-              "label_smoothing=...,z_loss=...,overwrite=...,weights=...[,"
-              "shard=...], each value as ce-gen and the runtime print it)";
+              "' is not a canonical variant key (docs/bundle-format.md, "
+              "version 3: op=...,logits=...,labels=...,layout=...,"
+              "label_smoothing=on|off,z_loss=on|off,overwrite=0|1,weights=..."
+              "[,shard=local|global], each value as ce-gen and the runtime "
+              "print it)";
       return failure();
     }
-    if (failed(checkKey(*key, text, error)))
+    if (std::string why = whyNotAKernel(*key); !why.empty()) {
+      error = "--variant='" + text + "': " + why;
       return failure();
+    }
     if (seen.insert(text).second)
       keys.push_back(*key);
   }
@@ -195,64 +164,70 @@ keysFromText(ArrayRef<std::string> texts, std::string &error) {
 
 FailureOr<std::vector<KernelVariantKey>>
 mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
-  if (!options.keys.empty()) {
+  if (!options.keys.empty() || options.all) {
     VariantOptions lists = options;
     lists.keys.clear();
-    if (lists.any()) {
-      error = "--variant gives whole keys; it cannot be combined with --op, "
-              "--logits and the other variant lists";
+    lists.all = false;
+    if (lists.any() || (options.all && !options.keys.empty())) {
+      error = "--variant and --all give whole sets of kernels; they cannot "
+              "be combined with each other or with --op, --logits and the "
+              "other variant lists";
       return failure();
     }
-    return keysFromText(options.keys, error);
+    if (!options.all)
+      return keysFromText(options.keys, error);
   }
+  // --all: every value of every list.
+  auto pickList = [&](const std::vector<std::string> &given,
+                      std::vector<std::string> every) {
+    return options.all ? every : given;
+  };
   std::vector<KernelOp> opList;
   std::vector<ElemType> logitsList, labelsList;
   std::vector<LabelLayout> layoutList;
-  std::vector<std::optional<int64_t>> ignoreList;
-  std::vector<float> smoothingList, zList;
-  std::vector<bool> overwriteList;
+  std::vector<bool> smoothingList, zList, overwriteList;
   std::vector<WeightsKind> weightsList;
-  std::vector<std::optional<VocabShard>> shardList;
-  if (failed(parseEach<KernelOp>(options.ops, {"forward"}, "op",
-                                 "forward, backward, fused or shard_stats",
-                                 parseOp, opList, error)) ||
-      failed(parseEach<ElemType>(options.logits, {"bf16"}, "logits",
-                                 "bf16, f16 or f32", parseLogits, logitsList,
-                                 error)) ||
-      failed(parseEach<ElemType>(options.labels, {"i64"}, "labels",
-                                 "i32 or i64", parseLabels, labelsList,
-                                 error)) ||
-      failed(parseEach<LabelLayout>(options.layouts, {"sbv_bs"}, "layout",
-                                    "flat, sbv_bs or sbv_sb", parseLayout,
-                                    layoutList, error)) ||
-      failed(parseEach<std::optional<int64_t>>(
-          options.ignoreIndices, {"none"}, "ignore-index",
-          "none or a decimal integer in [-2^63, 2^63)", parseIgnore,
-          ignoreList, error)) ||
-      failed(parseEach<float>(options.smoothings, {"0"}, "label-smoothing",
-                              "a number in [0, 1)", parseSmoothing,
-                              smoothingList, error)) ||
-      failed(parseEach<float>(options.zLosses, {"0"}, "z-loss",
-                              "a finite number >= 0", parseZLoss, zList,
-                              error)) ||
-      failed(parseEach<bool>(options.overwrites, {"0"}, "overwrite", "0 or 1",
-                             parseBool, overwriteList, error)) ||
-      failed(parseEach<WeightsKind>(options.weights, {"scalar"}, "weights",
-                                    "scalar or token (fused kernels)",
-                                    parseWeights, weightsList, error)) ||
-      failed(parseEach<std::optional<VocabShard>>(
-          options.shards, {"none"}, "shard",
-          "none or START/VOCAB/local|global with 0 <= START < VOCAB",
-          parseShard, shardList, error)))
+  std::vector<ShardKind> shardList;
+  if (failed(parseEach<KernelOp>(
+          pickList(options.ops, {"forward", "backward", "fused", "shard_stats"}),
+          {"forward"}, "op", "forward, backward, fused or shard_stats",
+          parseOp, opList, error)) ||
+      failed(parseEach<ElemType>(pickList(options.logits, {"bf16", "f16", "f32"}),
+                                 {"bf16"}, "logits", "bf16, f16 or f32",
+                                 parseLogits, logitsList, error)) ||
+      failed(parseEach<ElemType>(pickList(options.labels, {"i32", "i64"}),
+                                 {"i64"}, "labels", "i32 or i64", parseLabels,
+                                 labelsList, error)) ||
+      failed(parseEach<LabelLayout>(
+          pickList(options.layouts, {"flat", "sbv_bs", "sbv_sb"}), {"sbv_bs"},
+          "layout", "flat, sbv_bs or sbv_sb", parseLayout, layoutList,
+          error)) ||
+      failed(parseEach<bool>(pickList(options.smoothings, {"off", "on"}),
+                             {"off"}, "label-smoothing", "off or on",
+                             parseOnOff, smoothingList, error)) ||
+      failed(parseEach<bool>(pickList(options.zLosses, {"off", "on"}), {"off"},
+                             "z-loss", "off or on", parseOnOff, zList,
+                             error)) ||
+      failed(parseEach<bool>(pickList(options.overwrites, {"0", "1"}), {"0"},
+                             "overwrite", "0 or 1", parseBool, overwriteList,
+                             error)) ||
+      failed(parseEach<WeightsKind>(
+          pickList(options.weights, {"scalar", "token"}), {"scalar"},
+          "weights", "scalar or token (fused kernels)", parseWeights,
+          weightsList, error)) ||
+      failed(parseEach<ShardKind>(
+          pickList(options.shards, {"none", "local", "global"}), {"none"},
+          "shard", "none, local or global (smoothing over the slice or the "
+          "whole vocabulary)", parseShard, shardList, error)))
     return failure();
 
   // shard_stats kernels have no z-loss (it applies after the statistics
-  // are combined): asking for one is an error, not a silent z_loss=0.
-  bool anyZ = llvm::any_of(zList, [](float z) { return z != 0.0f; });
-  if (anyZ && llvm::is_contained(opList, KernelOp::ShardStats)) {
-    error = "--z-loss does not apply to --op=shard_stats (the z-loss is "
+  // are combined): asking only for z-loss kernels is an error.
+  if (!llvm::is_contained(zList, false) &&
+      llvm::is_contained(opList, KernelOp::ShardStats)) {
+    error = "--z-loss=on does not apply to --op=shard_stats (the z-loss is "
             "added after the shards' statistics are combined); emit "
-            "shard_stats kernels with --z-loss=0";
+            "shard_stats kernels with --z-loss=off";
     return failure();
   }
 
@@ -262,34 +237,31 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
     for (ElemType logits : logitsList)
       for (ElemType labels : labelsList)
         for (LabelLayout layout : layoutList)
-          for (const std::optional<int64_t> &ignore : ignoreList)
-            for (float smoothing : smoothingList)
-              for (float z : zList)
-                for (bool overwrite : overwriteList)
-                  for (WeightsKind weights : weightsList)
-                    for (const std::optional<VocabShard> &shard : shardList) {
-                      // Shards have partial statistics and a backward.
-                      bool sharded = shard.has_value();
-                      if (sharded != (op == KernelOp::ShardStats) &&
-                          op != KernelOp::Backward)
-                        continue;
-                      KernelVariantKey key;
-                      key.op = op;
-                      key.logits = logits;
-                      key.labels = labels;
-                      key.layout = layout;
-                      key.ignoreIndex = ignore;
-                      key.labelSmoothing = smoothing;
-                      key.zLoss = op == KernelOp::ShardStats ? 0.0f : z;
-                      key.overwrite = (op == KernelOp::Backward ||
-                                       op == KernelOp::Fused) &&
-                                      overwrite;
-                      key.weights =
-                          op == KernelOp::Fused ? weights : WeightsKind::None;
-                      key.shard = shard;
-                      if (seen.insert(key.str()).second)
-                        keys.push_back(key);
-                    }
+          for (bool smoothing : smoothingList)
+            for (bool z : zList)
+              for (bool overwrite : overwriteList)
+                for (WeightsKind weights : weightsList)
+                  for (ShardKind shard : shardList) {
+                    KernelVariantKey key;
+                    key.op = op;
+                    key.logits = logits;
+                    key.labels = labels;
+                    key.layout = layout;
+                    key.smoothing = smoothing;
+                    key.zLoss = z;
+                    // Lists apply where they can: no overwrite for a
+                    // forward, weights only for a fused kernel.
+                    key.overwrite = (op == KernelOp::Backward ||
+                                     op == KernelOp::Fused) &&
+                                    overwrite;
+                    key.weights =
+                        op == KernelOp::Fused ? weights : WeightsKind::None;
+                    key.shard = shard;
+                    if (!whyNotAKernel(key).empty())
+                      continue;
+                    if (seen.insert(key.str()).second)
+                      keys.push_back(key);
+                  }
   if (keys.empty()) {
     error = "the variant options select no kernel: --shard takes "
             "--op=shard_stats or backward, and --op=shard_stats needs a "

@@ -142,15 +142,40 @@ public:
     return success();
   }
 
-  LogicalResult verifyConfig(float labelSmoothing, float zLoss,
-                             ShardAttr shard) {
+  /// The option attributes' ranges, and each option given once: as an
+  /// attribute or as a run-time operand.
+  template <typename OpT>
+  LogicalResult verifyConfig(OpT op) {
+    float labelSmoothing = op.getLabelSmoothing().convertToFloat();
+    float zLoss = op.getZLoss().convertToFloat();
     if (!(labelSmoothing >= 0.0f && labelSmoothing < 1.0f))
       return op->emitOpError("label_smoothing must be in [0, 1), got ")
              << labelSmoothing;
     if (!(zLoss >= 0.0f) || std::isinf(zLoss))
       return op->emitOpError("z_loss must be finite and non-negative, got ")
              << zLoss;
-    if (shard && !ShapedType::isDynamic(vocab) &&
+    if (op.getIgnoreIndexValue() && op.getIgnoreIndexAttr())
+      return op->emitOpError("ignore_index is given both as an attribute "
+                             "and as an operand");
+    if (op.getLabelSmoothingValue() && labelSmoothing != 0.0f)
+      return op->emitOpError("label_smoothing is given both as an attribute "
+                             "and as an operand");
+    if (op.getZLossValue() && zLoss != 0.0f)
+      return op->emitOpError("z_loss is given both as an attribute and as an "
+                             "operand");
+    ShardAttr shard = op.getShardAttr();
+    bool runtimeBounds = static_cast<bool>(op.getShardStart());
+    if (runtimeBounds != static_cast<bool>(op.getShardVocab()))
+      return op->emitOpError("shard_bounds needs both start and vocab");
+    if (runtimeBounds && !shard)
+      return op->emitOpError("shard_bounds needs a 'shard' attribute");
+    if (shard && runtimeBounds == shard.hasBounds())
+      return op->emitOpError(runtimeBounds
+                                 ? "a shard with run-time bounds must not "
+                                   "give start and vocab in its attribute"
+                                 : "a shard without start and vocab needs "
+                                   "shard_bounds operands");
+    if (shard && shard.hasBounds() && !ShapedType::isDynamic(vocab) &&
         shard.getStart() + vocab > shard.getVocab())
       return op->emitOpError("shard [")
              << shard.getStart() << ", " << shard.getStart() + vocab
@@ -230,9 +255,7 @@ LogicalResult ForwardOp::verify() {
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
-      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
-                                   getZLoss().convertToFloat(),
-                                   getShardAttr())))
+      failed(verifier.verifyConfig(*this)))
     return failure();
   return verifier.verifyNoAliasing(
       {{"logits", getLogits()}, {"labels", getLabels()}},
@@ -247,9 +270,7 @@ LogicalResult BackwardOp::verify() {
       failed(verifier.verifyTokenOperand({"grad_loss", getGradLoss()})) ||
       failed(verifier.verifyGradient(getLogits(), getGrad())) ||
       failed(verifier.verifyStatus(getStatus())) ||
-      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
-                                   getZLoss().convertToFloat(),
-                                   getShardAttr())) ||
+      failed(verifier.verifyConfig(*this)) ||
       failed(verifier.verifyOverwrite(getLogits(), getGrad(),
                                       getOverwriteInput())))
     return failure();
@@ -277,9 +298,7 @@ LogicalResult FusedOp::verify() {
     return failure();
   if (failed(verifier.verifyGradient(getLogits(), getGrad())) ||
       failed(verifier.verifyStatus(getStatus())) ||
-      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(),
-                                   getZLoss().convertToFloat(),
-                                   getShardAttr())) ||
+      failed(verifier.verifyConfig(*this)) ||
       failed(verifier.verifyOverwrite(getLogits(), getGrad(),
                                       getOverwriteInput())))
     return failure();
@@ -296,7 +315,7 @@ LogicalResult ShardStatsOp::verify() {
   if (!getShardAttr())
     return emitOpError("requires a 'shard' attribute (the logits' slice of "
                        "the vocabulary)");
-  if (!getZLoss().isZero())
+  if (!getZLoss().isZero() || getZLossValue())
     return emitOpError("z_loss applies to the combined log-sum-exp, not to "
                        "partial statistics; it must be 0 here");
   CrossEntropyVerifier verifier(*this, getLayout());
@@ -304,8 +323,7 @@ LogicalResult ShardStatsOp::verify() {
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyStats(getStats())) ||
       failed(verifier.verifyStatus(getStatus())) ||
-      failed(verifier.verifyConfig(getLabelSmoothing().convertToFloat(), 0.0f,
-                                   getShardAttr())))
+      failed(verifier.verifyConfig(*this)))
     return failure();
   return verifier.verifyNoAliasing(
       {{"logits", getLogits()}, {"labels", getLabels()}},

@@ -53,7 +53,12 @@ bool sameConfig(ForwardOp fwd, BackwardOp bwd) {
   return fwd.getLayout() == bwd.getLayout() &&
          fwd.getIgnoreIndexAttr() == bwd.getIgnoreIndexAttr() &&
          fwd.getLabelSmoothing() == bwd.getLabelSmoothing() &&
-         fwd.getZLoss() == bwd.getZLoss() && fwd.getShard() == bwd.getShard();
+         fwd.getZLoss() == bwd.getZLoss() && fwd.getShard() == bwd.getShard() &&
+         fwd.getIgnoreIndexValue() == bwd.getIgnoreIndexValue() &&
+         fwd.getLabelSmoothingValue() == bwd.getLabelSmoothingValue() &&
+         fwd.getZLossValue() == bwd.getZLossValue() &&
+         fwd.getShardStart() == bwd.getShardStart() &&
+         fwd.getShardVocab() == bwd.getShardVocab();
 }
 
 /// Returns a reason why `fwd` and `bwd` cannot be fused, or an empty string.
@@ -127,7 +132,9 @@ struct CEFuseForwardBackwardPass
       FusedOp::create(builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
                       bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(),
                       bwd.getGrad(), status, fwd.getFlags(),
-                      fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
+                      fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
+                      fwd.getZLossValue(), fwd.getShardStart(),
+                      fwd.getShardVocab(), fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
                       fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(),
                       fwd.getShardAttr(), bwd.getOverwriteInputAttr());
       bwd.erase();

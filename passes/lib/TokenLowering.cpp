@@ -34,16 +34,29 @@ CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
   // every value of s gives the same (zero) loss. A shard smooths over its
   // own slice (Megatron's vocab-parallel V) unless told to use the
   // global vocabulary.
+  auto i64 = [&](int64_t value) {
+    return arith::ConstantIntOp::create(b, b.getI64Type(), value).getResult();
+  };
+  if (config.shard) {
+    shardStart = config.shardStart ? config.shardStart
+                                   : i64(config.shard.getStart());
+    shardVocab = config.shardVocab ? config.shardVocab
+                                   : i64(config.shard.getVocab());
+  }
+  if (hasZLoss())
+    zLoss = config.zLossValue ? config.zLossValue : rows.f32(config.zLoss);
   if (hasSmoothing()) {
     Value smoothVocab = vocabF32;
     Value manyClasses = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt,
                                               vocab, rows.index(1));
     if (config.shard && config.shard.getGlobalSmoothing()) {
-      smoothVocab = rows.f32(static_cast<float>(config.shard.getVocab()));
-      manyClasses = arith::ConstantIntOp::create(b, b.getI1Type(),
-                                                 config.shard.getVocab() > 1);
+      smoothVocab = arith::SIToFPOp::create(b, b.getF32Type(), shardVocab);
+      manyClasses = arith::CmpIOp::create(b, arith::CmpIPredicate::sgt,
+                                          shardVocab, i64(1));
     }
-    Value alpha = rows.f32(config.labelSmoothing);
+    Value alpha = config.labelSmoothingValue
+                      ? config.labelSmoothingValue
+                      : rows.f32(config.labelSmoothing);
     Value vMinusOne = arith::SubFOp::create(b, smoothVocab, rows.f32(1.0f));
     Value s = arith::DivFOp::create(
         b, arith::MulFOp::create(b, alpha, smoothVocab), vMinusOne);
@@ -79,13 +92,8 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
   info.label = label;
   Value vocabI64 = arith::IndexCastUIOp::create(b, b.getI64Type(), vocab);
   if (config.shard) {
-    info.valid =
-        inRange(label, arith::ConstantIntOp::create(b, b.getI64Type(),
-                                                    config.shard.getVocab()));
-    info.column =
-        arith::SubIOp::create(b, label,
-                              arith::ConstantIntOp::create(
-                                  b, b.getI64Type(), config.shard.getStart()));
+    info.valid = inRange(label, shardVocab);
+    info.column = arith::SubIOp::create(b, label, shardStart);
     info.inRow =
         arith::AndIOp::create(b, info.valid, inRange(info.column, vocabI64));
   } else {
@@ -94,20 +102,27 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
     info.inRow = info.valid;
   }
   info.accepted = info.valid;
-  if (config.flags) {
-    Value bit =
-        arith::ConstantIntOp::create(b, b.getI64Type(), kFlagMegatronLabels);
-    Value megatron = arith::CmpIOp::create(
+  auto flagSet = [&](RuntimeFlag flag) -> Value {
+    Value bit = arith::ConstantIntOp::create(b, b.getI64Type(), flag);
+    return arith::CmpIOp::create(
         b, arith::CmpIPredicate::ne,
         arith::AndIOp::create(b, config.flags, bit),
         arith::ConstantIntOp::create(b, b.getI64Type(), 0));
-    info.accepted = arith::OrIOp::create(b, info.valid, megatron);
-  }
+  };
+  if (config.flags)
+    info.accepted =
+        arith::OrIOp::create(b, info.valid, flagSet(kFlagMegatronLabels));
   if (config.ignoreIndex) {
     Value ignore =
         arith::ConstantIntOp::create(b, b.getI64Type(), *config.ignoreIndex);
     info.ignored =
         arith::CmpIOp::create(b, arith::CmpIPredicate::eq, label, ignore);
+  } else if (config.ignoreIndexValue && config.flags) {
+    // The operand is in force only with its flag (CEOps.td).
+    info.ignored = arith::AndIOp::create(
+        b, flagSet(kFlagIgnoreIndex),
+        arith::CmpIOp::create(b, arith::CmpIPredicate::eq, label,
+                              config.ignoreIndexValue));
   } else {
     info.ignored = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
   }
@@ -160,7 +175,7 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
   if (hasZLoss()) {
     Value square = arith::MulFOp::create(b, lse, lse);
     loss = arith::AddFOp::create(
-        b, loss, arith::MulFOp::create(b, rows.f32(config.zLoss), square));
+        b, loss, arith::MulFOp::create(b, zLoss, square));
   }
   loss = arith::SelectOp::create(b, label.accepted, loss, rows.f32(kNaN));
   return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);
@@ -181,7 +196,8 @@ void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
         Value zTerm = rows.f32(0.0f);
         Value c = rows.f32(1.0f);
         if (hasZLoss()) {
-          zTerm = arith::MulFOp::create(b, rows.f32(2.0f * config.zLoss), lse);
+          zTerm = arith::MulFOp::create(
+              b, arith::MulFOp::create(b, rows.f32(2.0f), zLoss), lse);
           c = arith::AddFOp::create(b, c, zTerm);
         }
         Value u = hasSmoothing() ? uniform : rows.f32(0.0f);

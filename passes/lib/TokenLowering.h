@@ -26,7 +26,8 @@ namespace mlir::ce::detail {
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-/// The configuration of one op, as the lowering needs it.
+/// The configuration of one op, as the lowering needs it. Each option is
+/// an attribute (a constant) or a run-time operand (a Value), not both.
 struct OpConfig {
   Layout layout;
   std::optional<int64_t> ignoreIndex;
@@ -35,6 +36,15 @@ struct OpConfig {
   ShardAttr shard; ///< null unless the logits are a vocabulary slice
   Value status;
   Value flags; ///< i64 run-time flags (RuntimeFlag), or null for none
+  Value ignoreIndexValue;     ///< i64, or null
+  Value labelSmoothingValue;  ///< f32, or null
+  Value zLossValue;           ///< f32, or null
+  Value shardStart, shardVocab; ///< i64 run-time bounds, or null
+
+  bool hasSmoothing() const {
+    return labelSmoothingValue || labelSmoothing != 0.0f;
+  }
+  bool hasZLoss() const { return zLossValue || zLoss != 0.0f; }
 
   template <typename OpT>
   static OpConfig get(OpT op) {
@@ -47,6 +57,11 @@ struct OpConfig {
     config.shard = op.getShardAttr();
     config.status = op.getStatus();
     config.flags = op.getFlags();
+    config.ignoreIndexValue = op.getIgnoreIndexValue();
+    config.labelSmoothingValue = op.getLabelSmoothingValue();
+    config.zLossValue = op.getZLossValue();
+    config.shardStart = op.getShardStart();
+    config.shardVocab = op.getShardVocab();
     return config;
   }
 };
@@ -86,8 +101,8 @@ public:
   /// Makes every thread's writes to the row visible to the others.
   void rowBarrier();
 
-  bool hasSmoothing() const { return config.labelSmoothing != 0.0f; }
-  bool hasZLoss() const { return config.zLoss != 0.0f; }
+  bool hasSmoothing() const { return config.hasSmoothing(); }
+  bool hasZLoss() const { return config.hasZLoss(); }
 
   RowRef rowOf(Value memref, const Token &token) {
     return RowRef{memref, token.rowPrefix};
@@ -157,6 +172,8 @@ public:
   Value vocabF32;
   Value smoothing; ///< f32 s, only with label smoothing
   Value uniform;   ///< f32 s / V, only with label smoothing
+  Value zLoss;     ///< f32 z, only with a z-loss
+  Value shardStart, shardVocab; ///< i64 bounds, only for a shard
 };
 
 

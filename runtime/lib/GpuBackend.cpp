@@ -19,12 +19,15 @@
 
 #include <array>
 #include <climits>
+#include <cstring>
+#include <iterator>
 
 namespace ce {
 
 namespace {
 
-constexpr size_t kMaxArgs = 8;
+/// At most 7 tensors and the value arguments.
+constexpr size_t kMaxArgs = 7 + std::size(kValueRoles);
 /// allocated, aligned, offset, sizes[3], strides[3].
 constexpr size_t kMaxFieldsPerArg = 3 + 2 * CE_MAX_RANK;
 
@@ -52,6 +55,12 @@ public:
   }
   void addInteger(int64_t value) {
     values[count] = static_cast<uint64_t>(value);
+    add();
+  }
+  /// An f32 parameter: its 4 bytes at the start of the slot.
+  void addFloat(float value) {
+    values[count] = 0;
+    std::memcpy(&values[count], &value, sizeof(value));
     add();
   }
   /// The descriptor fields of `tensor`, as a memref of rank `tensor.ndim`.
@@ -85,7 +94,8 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the GPU ABI has at most 8");
+                             " arguments; the GPU ABI has at most " +
+                             std::to_string(kMaxArgs));
   int64_t rowsPerBlock = info.launch.rowsPerBlock;
   int64_t blocks = (plan.numTokens + rowsPerBlock - 1) / rowsPerBlock;
   if (blocks > INT32_MAX)
@@ -153,10 +163,29 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
     return status;
 
   KernelParams params;
+  KernelValues values = plan.values();
   for (const KernelArg &arg : info.args) {
-    if (arg.role == ArgRole::Flags) {
-      params.addInteger(plan.flags());
+    switch (arg.role) {
+    case ArgRole::Flags:
+      params.addInteger(values.flags);
       continue;
+    case ArgRole::IgnoreIndex:
+      params.addInteger(values.ignoreIndex);
+      continue;
+    case ArgRole::LabelSmoothing:
+      params.addFloat(values.labelSmoothing);
+      continue;
+    case ArgRole::ZLoss:
+      params.addFloat(values.zLoss);
+      continue;
+    case ArgRole::ShardStart:
+      params.addInteger(values.shardStart);
+      continue;
+    case ArgRole::ShardVocab:
+      params.addInteger(values.shardVocab);
+      continue;
+    default:
+      break;
     }
     if (arg.role == ArgRole::Status) {
       ce_tensor word{};

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 namespace ce {
@@ -55,37 +56,42 @@ void *fillDescriptor(AnyMemRef &storage, const ce_tensor &tensor) {
   }
 }
 
-constexpr size_t kMaxArgs = 8;
+/// Tensors per kernel: 4 (shard_stats) to 7 (fused with a gradient).
+constexpr size_t kMinTensors = 4;
+constexpr size_t kMaxTensors = 7;
+constexpr size_t kNumValues = std::size(kValueRoles);
 
-/// `void *`, whatever the index; spells one parameter per index below. The
-/// flags argument (an i64 by value) is passed as one, which the SysV x86-64
-/// calling convention treats alike (INTEGER class, 8 bytes).
+/// `void *`, whatever the index; spells one parameter per index below.
 template <size_t> using PointerParam = void *;
 
-/// Calls `entry` as `void (*)(void *, ..., void *)`, one pointer per index.
+/// Calls `entry`, a kernel's C interface: one pointer to a memref descriptor
+/// per tensor, then the value arguments by value as the C types of
+/// kValueRoles (i64, i64, f32, f32, i64, i64).
 template <size_t... Index>
-void callWithPointers(void *entry, const std::array<void *, kMaxArgs> &args,
+void callWithPointers(void *entry, const std::array<void *, kMaxTensors> &args,
+                      const KernelValues &values,
                       std::index_sequence<Index...>) {
-  using Function = void (*)(PointerParam<Index>...);
+  using Function = void (*)(PointerParam<Index>..., int64_t, int64_t, float,
+                            float, int64_t, int64_t);
   Function function;
   static_assert(sizeof(function) == sizeof(entry), "function pointer size");
   std::memcpy(&function, &entry, sizeof(function));
-  function(args[Index]...);
+  function(args[Index]..., values.flags, values.ignoreIndex,
+           values.labelSmoothing, values.zLoss, values.shardStart,
+           values.shardVocab);
 }
 
-void callEntry(void *entry, const std::array<void *, kMaxArgs> &args,
-               size_t count) {
-  switch (count) {
+void callEntry(void *entry, const std::array<void *, kMaxTensors> &args,
+               size_t tensors, const KernelValues &values) {
+  switch (tensors) {
   case 4:
-    return callWithPointers(entry, args, std::make_index_sequence<4>());
+    return callWithPointers(entry, args, values, std::make_index_sequence<4>());
   case 5:
-    return callWithPointers(entry, args, std::make_index_sequence<5>());
+    return callWithPointers(entry, args, values, std::make_index_sequence<5>());
   case 6:
-    return callWithPointers(entry, args, std::make_index_sequence<6>());
+    return callWithPointers(entry, args, values, std::make_index_sequence<6>());
   case 7:
-    return callWithPointers(entry, args, std::make_index_sequence<7>());
-  case 8:
-    return callWithPointers(entry, args, std::make_index_sequence<8>());
+    return callWithPointers(entry, args, values, std::make_index_sequence<7>());
   }
 }
 
@@ -94,27 +100,25 @@ void callEntry(void *entry, const std::array<void *, kMaxArgs> &args,
 Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
                         int64_t &status) {
   const KernelInfo &info = *kernel.info;
-  if (info.args.size() < 4 || info.args.size() > kMaxArgs)
+  // The manifest reader checked the list: the tensors, then kValueRoles.
+  size_t tensors = info.args.size() - kNumValues;
+  if (info.args.size() < kNumValues + kMinTensors ||
+      info.args.size() > kNumValues + kMaxTensors)
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the host ABI has 4 to 8");
-  std::array<AnyMemRef, kMaxArgs> storage;
-  std::array<void *, kMaxArgs> pointers{};
+                             " arguments; the host ABI has 4 to 7 tensors "
+                             "and " + std::to_string(kNumValues) + " values");
+  std::array<AnyMemRef, kMaxTensors> storage;
+  std::array<void *, kMaxTensors> pointers{};
   ce_tensor statusTensor{};
   statusTensor.data = &status;
   statusTensor.dtype = CE_DTYPE_I64;
   statusTensor.ndim = 1;
   statusTensor.sizes[0] = 1;
   statusTensor.strides[0] = 1;
-  for (size_t i = 0; i < info.args.size(); ++i) {
+  for (size_t i = 0; i < tensors; ++i) {
     const KernelArg &arg = info.args[i];
-    if (arg.role == ArgRole::Flags) {
-      // By value: an i64 travels in a pointer's slot of the SysV x86-64 ABI.
-      pointers[i] =
-          reinterpret_cast<void *>(static_cast<intptr_t>(plan.flags()));
-      continue;
-    }
     const ce_tensor *tensor = &statusTensor;
     if (arg.role != ArgRole::Status) {
       if (!plan.has(arg.role))
@@ -132,7 +136,7 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
                                std::to_string(tensor->ndim));
     pointers[i] = fillDescriptor(storage[i], *tensor);
   }
-  callEntry(kernel.entry, pointers, info.args.size());
+  callEntry(kernel.entry, pointers, tensors, plan.values());
   return Status::ok();
 }
 

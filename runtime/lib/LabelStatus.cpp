@@ -36,10 +36,12 @@ const char *poisoned(KernelOp op) {
 LabelContext labelContext(const LaunchPlan &plan) {
   LabelContext context;
   context.variant = plan.variant;
+  if (plan.options.has_ignore_index)
+    context.ignoreIndex = plan.options.ignore_index;
   context.numTokens = plan.numTokens;
   // A shard's labels are global ids: the range is the whole vocabulary's.
   context.vocabSize =
-      plan.variant.shard ? plan.variant.shard->vocab : plan.vocabSize;
+      plan.variant.sharded() ? plan.options.shard_vocab : plan.vocabSize;
   context.tokenRank = plan.tokenRank;
   context.tokenSizes[0] = plan.tokenSizes[0];
   context.tokenSizes[1] = plan.tokenSizes[1];
@@ -92,9 +94,9 @@ Status labelStatusError(int64_t status, const LabelContext &context,
   if (labels.ndim == 2)
     offset += second * labels.strides[1];
   std::string range = "[0, " + std::to_string(context.vocabSize) + ")";
-  std::string ignore = context.variant.ignoreIndex
+  std::string ignore = context.ignoreIndex
                            ? "is not the ignore_index " +
-                                 std::to_string(*context.variant.ignoreIndex)
+                                 std::to_string(*context.ignoreIndex)
                            : "no ignore_index is set";
   std::string at = "token " + std::to_string(token) + " (" + where + ")";
   int64_t label = 0;
@@ -107,7 +109,7 @@ Status labelStatusError(int64_t status, const LabelContext &context,
             "); " + poisoned(context.variant.op));
   bool inRange = label >= 0 && label < context.vocabSize;
   bool ignored =
-      context.variant.ignoreIndex && label == *context.variant.ignoreIndex;
+      context.ignoreIndex && label == *context.ignoreIndex;
   if (inRange || ignored) {
     if (deferred)
       return Status::error(CE_ERROR_LABEL_OUT_OF_RANGE,

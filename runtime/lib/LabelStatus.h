@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace ce {
@@ -26,6 +27,7 @@ namespace ce {
 /// shape and labels.
 struct LabelContext {
   KernelVariantKey variant;
+  std::optional<int64_t> ignoreIndex;
   int64_t numTokens = 0;
   int64_t vocabSize = 0;
   int tokenRank = 1;

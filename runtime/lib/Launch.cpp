@@ -56,8 +56,7 @@ Status variantNotFoundError(const Bundle &bundle, const std::string &target,
                                  : " (" + deviceDescription + ")") +
       ": \"" + key + "\"; generate it with `ce-gen --target=" + target +
       " -o DIR --variant=" + key +
-      "` (or add these values to the option lists the "
-      "bundle was generated with)";
+      "` (or `ce-gen --all`, every variant of the target)";
   // Which targets the bundle has at all, and which of them have this key.
   std::set<std::string> targets, targetsWithKey;
   for (const KernelInfo &kernel : bundle.kernels()) {
@@ -111,17 +110,6 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
       bundle.findKernel(target, plan.variant.str(), plan.vocabSize);
   if (!info)
     return variantNotFoundError(bundle, target, plan, description);
-  bool takesFlags =
-      !info->args.empty() && info->args.back().role == ArgRole::Flags;
-  if (plan.flags() != 0 && !takesFlags)
-    return Status::error(
-        CE_ERROR_VARIANT_NOT_FOUND,
-        "kernel \"" + info->key + "\" for target " + target + " in bundle '" +
-            bundle.directory() +
-            "' takes no run-time flags (bundle format version 1, or a kernel "
-            "made from a .mlir function without a flags operand), so it cannot "
-            "apply options->label_policy = CE_LABEL_POLICY_MEGATRON; "
-            "regenerate the bundle with this version's ce-gen");
   if (plan.device != CE_DEVICE_HOST) {
     if (plan.numTokens == 0)
       return Status::ok();

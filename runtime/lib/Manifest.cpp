@@ -1,6 +1,6 @@
 //===- Manifest.cpp - Reading and checking manifest.json ------------------===//
 //
-// Implements docs/bundle-format.md, versions 1 and 2: required keys, their
+// Implements docs/bundle-format.md, version 3: required keys, their
 // types, the variant keys, and the agreement of each kernel's argument list
 // with its variant. Unknown keys are ignored so that newer writers stay
 // readable.
@@ -125,7 +125,6 @@ private:
 
   std::string_view text;
   const std::string &path;
-  int64_t formatVersion = 0; ///< The manifest's, once read.
 };
 
 Status ManifestReader::read(Manifest &manifest) {
@@ -157,7 +156,15 @@ Status ManifestReader::read(Manifest &manifest) {
   if (!version->getInteger() || *version->getInteger() < 1)
     return errorAt(*version, "\"version\" must be a positive integer");
   manifest.version = *version->getInteger();
-  formatVersion = manifest.version;
+  if (manifest.version < kBundleFormatVersion)
+    return errorAt(
+        *version,
+        "bundle format version " + std::to_string(manifest.version) +
+            " is older than version " + std::to_string(kBundleFormatVersion) +
+            ", the only one this runtime reads (since version 3 option values "
+            "such as ignore_index, label_smoothing and z_loss are kernel "
+            "arguments, not compiled in); regenerate the bundle with this "
+            "version's ce-gen");
   if (manifest.version > kBundleFormatVersion)
     return errorAt(
         *version,
@@ -226,11 +233,8 @@ Status ManifestReader::checkSeal(const json::Value &root) const {
   // `manifest_sha256` is the SHA-256 of this text with its own 64 digits
   // written as zeros: any change to the manifest, down to a byte of
   // whitespace, is an error, so that a damaged manifest cannot describe its
-  // kernels wrongly (another variant's key, another launch shape). Version 1
-  // writers did not record it.
-  const json::Value *seal = root.get(kManifestSealKey);
-  if (formatVersion < 2 && !seal)
-    return Status::ok();
+  // kernels wrongly (another variant's key, another launch shape).
+  const json::Value *seal = nullptr;
   if (Status status =
           require(root, "", kManifestSealKey, json::Value::Kind::String, seal);
       !status.isOk())
@@ -270,8 +274,8 @@ Status ManifestReader::readObject(const json::Value &value,
       !status.isOk())
     return status;
   // The object's content hash ties the manifest to the objects of its own
-  // ce-gen run; version 1 writers did not record it.
-  if (formatVersion >= 2 || value.get("sha256")) {
+  // ce-gen run.
+  {
     if (Status status = requireString(value, where, "sha256", object.sha256);
         !status.isOk())
       return status;
@@ -336,14 +340,14 @@ Status ManifestReader::readKernel(const json::Value &value,
       kernel.variant.overwrite)
     return errorAt(value, name + ": a " + stringify(op) +
                               " kernel cannot overwrite");
-  bool sharded = kernel.variant.shard.has_value();
+  bool sharded = kernel.variant.sharded();
   if (sharded ? op != KernelOp::ShardStats && op != KernelOp::Backward
               : op == KernelOp::ShardStats)
     return errorAt(value, name + (sharded ? ": only shard_stats and backward "
                                             "kernels take a shard"
                                           : ": a shard_stats kernel needs a "
                                             "shard"));
-  if (op == KernelOp::ShardStats && kernel.variant.zLoss != 0.0f)
+  if (op == KernelOp::ShardStats && kernel.variant.zLoss)
     return errorAt(value, name + ": a shard_stats kernel has no z-loss");
   bool fused = kernel.variant.op == KernelOp::Fused;
   if (fused != (kernel.variant.weights != WeightsKind::None))
@@ -404,10 +408,12 @@ Status ManifestReader::readKernel(const json::Value &value,
 Status ManifestReader::readArgs(const json::Value &args,
                                 const std::string &name,
                                 KernelInfo &kernel) const {
+  // Every role of the variant, in call order (BundleAbi.h): the tensors,
+  // then the value arguments.
   std::vector<ArgRole> expected = expectedRoles(kernel.variant);
-  std::set<ArgRole> seen;
-  for (size_t i = 0; i < args.getArray().size(); ++i) {
-    const json::Value &value = args.getArray()[i];
+  const std::vector<json::Value> &list = args.getArray();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json::Value &value = list[i];
     std::string where = name + ".args[" + std::to_string(i) + "]";
     if (!value.isObject())
       return errorAt(value, where + " must be an object");
@@ -423,47 +429,28 @@ Status ManifestReader::readArgs(const json::Value &args,
     if (Status status = requireString(value, where, "dtype", dtypeName);
         !status.isOk())
       return status;
-
-    // The run-time flags (version 2): optional, by value, always last.
-    if (roleName == stringify(ArgRole::Flags)) {
-      if (formatVersion < 2)
-        return errorAt(value, name +
-                                  ": argument role \"flags\" needs bundle "
-                                  "format version 2, the manifest is "
-                                  "version " +
-                                  std::to_string(formatVersion));
-      if (i + 1 != args.getArray().size())
-        return errorAt(value, name + ": argument role \"flags\" must be the "
-                                     "last argument");
-      ArgShape want = expectedArg(kernel.variant, ArgRole::Flags);
-      if (rank != want.rank || dtypeName != stringify(want.dtype))
-        return errorAt(value, name + ": argument \"flags\" is " + dtypeName +
-                                  " of rank " + std::to_string(rank) +
-                                  ", expected i64 of rank 0 (by value)");
-      kernel.args.push_back({ArgRole::Flags, want.rank, want.dtype});
-      continue;
-    }
-    auto role = std::find_if(expected.begin(), expected.end(), [&](ArgRole r) {
-      return roleName == stringify(r);
-    });
-    if (role == expected.end())
-      return errorAt(value, name + ": unexpected argument role \"" + roleName +
-                                "\" for this variant");
-    if (!seen.insert(*role).second)
-      return errorAt(value,
-                     name + ": argument role \"" + roleName + "\" twice");
-    ArgShape want = expectedArg(kernel.variant, *role);
+    if (i >= expected.size())
+      return errorAt(value, name + ": unexpected argument role \"" +
+                                roleName + "\" after the last one, \"" +
+                                stringify(expected.back()) + "\"");
+    ArgRole role = expected[i];
+    if (roleName != stringify(role))
+      return errorAt(value, where + ": argument role \"" + roleName +
+                                "\" where this variant takes \"" +
+                                stringify(role) + "\"");
+    ArgShape want = expectedArg(kernel.variant, role);
     if (rank != want.rank || dtypeName != stringify(want.dtype))
       return errorAt(value, name + ": argument \"" + roleName + "\" is " +
                                 dtypeName + " of rank " + std::to_string(rank) +
                                 ", expected " + stringify(want.dtype) +
-                                " of rank " + std::to_string(want.rank));
-    kernel.args.push_back({*role, want.rank, want.dtype});
+                                " of rank " + std::to_string(want.rank) +
+                                (isValueRole(role) ? " (by value)" : ""));
+    kernel.args.push_back({role, want.rank, want.dtype});
   }
-  for (ArgRole role : expected)
-    if (!seen.count(role))
-      return errorAt(args, name + ": missing argument role \"" +
-                               std::string(stringify(role)) + "\"");
+  if (list.size() < expected.size())
+    return errorAt(args, name + ": missing argument role \"" +
+                             std::string(stringify(expected[list.size()])) +
+                             "\"");
   return Status::ok();
 }
 

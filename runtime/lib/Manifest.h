@@ -1,7 +1,7 @@
 //===- Manifest.h - The parsed manifest.json of a bundle --------*- C++ -*-===//
 //
 // Internal to the runtime (not installed). Turns manifest.json text into
-// checked structures per docs/bundle-format.md, versions 1 and 2 (the
+// checked structures per docs/bundle-format.md, version 3 (the
 // names, roles and argument list are those of ce/runtime/BundleAbi.h).
 // Everything a launch relies on is validated here, once, when the bundle is
 // opened.
@@ -49,8 +49,7 @@ struct ObjectInfo {
   std::string file; ///< Relative to the bundle directory.
   std::string target;
   std::string kind;
-  /// The SHA-256 of the file, 64 lowercase hex digits: required from
-  /// version 2 on, optional (empty when absent) in version 1.
+  /// The SHA-256 of the file, 64 lowercase hex digits (required).
   std::string sha256;
   /// Host objects: the x86-64 features the code needs (kHostCpuFeatures'
   /// names; optional, empty for objects of older writers).

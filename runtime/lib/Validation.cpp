@@ -399,13 +399,11 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
 
   plan.variant.op = op;
   if (options.shard_vocab > 0)
-    plan.variant.shard = VocabShard{options.shard_start, options.shard_vocab,
-                                    options.shard_global_smoothing != 0};
+    plan.variant.shard = options.shard_global_smoothing ? ShardKind::Global
+                                                        : ShardKind::Local;
   plan.variant.logits = toElemType(logits.dtype);
-  if (options.has_ignore_index)
-    plan.variant.ignoreIndex = options.ignore_index;
-  plan.variant.labelSmoothing = options.label_smoothing;
-  plan.variant.zLoss = options.z_loss;
+  plan.variant.smoothing = options.label_smoothing != 0.0f;
+  plan.variant.zLoss = options.z_loss != 0.0f;
   plan.variant.overwrite = overwrite;
 
   for (const NamedTensor &arg : args) {
@@ -413,7 +411,12 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     switch (arg.role) {
     case ArgRole::Logits:
     case ArgRole::Status:
-    case ArgRole::Flags: // a value, not a tensor of the call
+    case ArgRole::Flags: // values, not tensors of the call
+    case ArgRole::IgnoreIndex:
+    case ArgRole::LabelSmoothing:
+    case ArgRole::ZLoss:
+    case ArgRole::ShardStart:
+    case ArgRole::ShardVocab:
       break;
     case ArgRole::Labels:
       if (Status status =

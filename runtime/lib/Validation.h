@@ -68,12 +68,20 @@ struct LaunchPlan {
   }
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
 
-  /// The kernels' run-time `flags` word (docs/bundle-format.md).
-  int64_t flags() const {
-    int64_t flags = 0;
+  /// The kernel's value arguments (docs/bundle-format.md).
+  KernelValues values() const {
+    KernelValues values;
     if (options.label_policy == CE_LABEL_POLICY_MEGATRON)
-      flags |= kFlagMegatronLabels;
-    return flags;
+      values.flags |= kFlagMegatronLabels;
+    if (options.has_ignore_index) {
+      values.flags |= kFlagIgnoreIndex;
+      values.ignoreIndex = options.ignore_index;
+    }
+    values.labelSmoothing = options.label_smoothing;
+    values.zLoss = options.z_loss;
+    values.shardStart = options.shard_start;
+    values.shardVocab = options.shard_vocab;
+    return values;
   }
 };
 

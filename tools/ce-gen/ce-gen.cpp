@@ -73,13 +73,14 @@ VariantList labelTypes("labels", cl::desc("i32, i64 (default)"),
                        cl::CommaSeparated, cl::cat(category));
 VariantList layouts("layout", cl::desc("flat, sbv_bs (default), sbv_sb"),
                     cl::CommaSeparated, cl::cat(category));
-VariantList ignoreIndices("ignore-index",
-                          cl::desc("none (default) or int64 values"),
-                          cl::CommaSeparated, cl::cat(category));
 VariantList smoothings("label-smoothing",
-                       cl::desc("values in [0, 1) (default 0)"),
+                       cl::desc("off (default), on: kernels that compute "
+                                "label smoothing (its value is a run-time "
+                                "argument)"),
                        cl::CommaSeparated, cl::cat(category));
-VariantList zLosses("z-loss", cl::desc("finite values >= 0 (default 0)"),
+VariantList zLosses("z-loss",
+                    cl::desc("off (default), on: kernels that compute a "
+                             "z-loss (its value is a run-time argument)"),
                     cl::CommaSeparated, cl::cat(category));
 VariantList overwrites("overwrite", cl::desc("0 (default), 1"),
                        cl::CommaSeparated, cl::cat(category));
@@ -88,9 +89,9 @@ VariantList weightKinds("weights",
                         cl::CommaSeparated, cl::cat(category));
 VariantList shards(
     "shard",
-    cl::desc("none (default), or START/VOCAB/local|global: a tensor-parallel "
-             "slice of global ids [START, START + V_local) of VOCAB, "
-             "smoothing over V_local (Megatron's) or VOCAB (shard_stats and "
+    cl::desc("none (default), local, global: a tensor-parallel vocabulary "
+             "slice (its bounds are run-time arguments), smoothing over the "
+             "slice (Megatron's) or the global vocabulary (shard_stats and "
              "backward only)"),
     cl::CommaSeparated, cl::cat(category));
 cl::list<std::string> variantKeys(
@@ -98,6 +99,11 @@ cl::list<std::string> variantKeys(
     cl::desc("Canonical variant keys (as manifests and the runtime's "
              "messages print them), instead of the lists above"),
     cl::cat(category));
+cl::opt<bool> allVariants(
+    "all",
+    cl::desc("Every kernel a trainer can ask for: every value of every "
+             "variant list above (what the Python package ships)"),
+    cl::init(false), cl::cat(category));
 
 // Host and GPU tuning (unset: the target's default).
 cl::opt<unsigned> vectorWidth("vector-width",
@@ -221,13 +227,13 @@ int main(int argc, char **argv) {
                           {logitsTypes.begin(), logitsTypes.end()},
                           {labelTypes.begin(), labelTypes.end()},
                           {layouts.begin(), layouts.end()},
-                          {ignoreIndices.begin(), ignoreIndices.end()},
                           {smoothings.begin(), smoothings.end()},
                           {zLosses.begin(), zLosses.end()},
                           {overwrites.begin(), overwrites.end()},
                           {weightKinds.begin(), weightKinds.end()},
                           {shards.begin(), shards.end()},
-                          {variantKeys.begin(), variantKeys.end()}};
+                          {variantKeys.begin(), variantKeys.end()},
+                          allVariants};
   CodegenOptions options;
   options.stopAfter = emitStage;
   options.bundleDir = outputPath;

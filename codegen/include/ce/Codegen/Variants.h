@@ -19,14 +19,17 @@
 namespace mlir::ce {
 
 /// Each field a list of values as given on the command line; an empty list
-/// takes the default (forward, bf16, i64, sbv_bs, none, 0, 0, 0, scalar,
-/// none).
+/// takes the default (forward, bf16, i64, sbv_bs, off, off, 0, scalar,
+/// none). Option values (ignore_index, the coefficients, a shard's bounds)
+/// are kernel arguments, not variants.
 struct VariantOptions {
-  std::vector<std::string> ops, logits, labels, layouts, ignoreIndices,
-      smoothings, zLosses, overwrites, weights, shards;
+  std::vector<std::string> ops, logits, labels, layouts, smoothings, zLosses,
+      overwrites, weights, shards;
   /// Canonical variant keys (`--variant=KEY`, KernelVariantKey::str()),
   /// taken as they are; they cannot be combined with the lists above.
   std::vector<std::string> keys;
+  /// Every variant of a target (`--all`): every value of every list.
+  bool all = false;
 
   /// Whether any list or key was given.
   bool any() const;

@@ -14,6 +14,7 @@
 #include "ce/runtime/VariantKey.h"
 
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 namespace ce {
@@ -22,10 +23,10 @@ namespace ce {
 inline constexpr const char *kBundleFormatName = "cegen-bundle";
 /// The format version ce-gen writes and the newest one the runtime reads
 /// (the same value as ce_runtime.h's CE_RUNTIME_BUNDLE_VERSION).
-inline constexpr int64_t kBundleFormatVersion = 2;
+inline constexpr int64_t kBundleFormatVersion = 3;
 /// The manifest's name in a bundle directory.
 inline constexpr const char *kManifestFile = "manifest.json";
-/// The top-level key of the manifest's own SHA-256 (version 2), taken over
+/// The top-level key of the manifest's own SHA-256, taken over
 /// the manifest's text with this key's 64 digits written as zeros.
 inline constexpr const char *kManifestSealKey = "manifest_sha256";
 
@@ -66,9 +67,37 @@ enum class ArgRole {
   Grad,
   Stats,
   Status,
-  Flags ///< i64 run-time flags, passed by value (bundle format version 2)
+  // The run-time option values, passed by value after the tensors
+  // (KernelValues):
+  Flags,          ///< i64, KernelFlag bits
+  IgnoreIndex,    ///< i64, in force with kFlagIgnoreIndex
+  LabelSmoothing, ///< f32 alpha of Megatron's formula (smoothing kernels)
+  ZLoss,          ///< f32 z-loss coefficient (z-loss kernels)
+  ShardStart,     ///< i64 first global id of the slice (sharded kernels)
+  ShardVocab      ///< i64 global vocabulary (sharded kernels)
 };
-inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::Flags) + 1;
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::ShardVocab) + 1;
+
+/// The value arguments every kernel takes after its tensors, in this order
+/// (a kernel ignores those its variant does not use).
+inline constexpr ArgRole kValueRoles[] = {
+    ArgRole::Flags,  ArgRole::IgnoreIndex, ArgRole::LabelSmoothing,
+    ArgRole::ZLoss, ArgRole::ShardStart,  ArgRole::ShardVocab};
+
+/// Whether `role` is passed by value (one of kValueRoles).
+inline bool isValueRole(ArgRole role) {
+  return static_cast<int>(role) >= static_cast<int>(ArgRole::Flags);
+}
+
+/// The run-time option values of one launch, in kValueRoles' terms.
+struct KernelValues {
+  int64_t flags = 0;
+  int64_t ignoreIndex = 0;
+  float labelSmoothing = 0.0f;
+  float zLoss = 0.0f;
+  int64_t shardStart = 0;
+  int64_t shardVocab = 0;
+};
 
 /// The manifest spelling of `role` ("grad_loss", ...).
 inline const char *stringify(ArgRole role) {
@@ -93,14 +122,23 @@ inline const char *stringify(ArgRole role) {
     return "status";
   case ArgRole::Flags:
     return "flags";
+  case ArgRole::IgnoreIndex:
+    return "ignore_index";
+  case ArgRole::LabelSmoothing:
+    return "label_smoothing";
+  case ArgRole::ZLoss:
+    return "z_loss";
+  case ArgRole::ShardStart:
+    return "shard_start";
+  case ArgRole::ShardVocab:
+    return "shard_vocab";
   }
   return "?";
 }
 
-/// The argument roles of a kernel of `variant`, in call order, without the
-/// trailing `flags` (version 2 kernels take it; version 1 kernels do not).
-/// With overwrite-input the gradient is written into the logits: no `grad`.
-inline std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
+/// The tensor argument roles of a kernel of `variant`, in call order. With
+/// overwrite-input the gradient is written into the logits: no `grad`.
+inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
   switch (variant.op) {
   case KernelOp::Forward:
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
@@ -123,8 +161,16 @@ inline std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
   return {};
 }
 
-/// An argument's rank and element type. Rank 0 with an integer type is a
-/// value passed by value (the flags); rank 0 weights are a 0-d memref.
+/// Every argument role of a kernel of `variant`, in call order: its
+/// tensors, then kValueRoles.
+inline std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
+  std::vector<ArgRole> roles = tensorRoles(variant);
+  roles.insert(roles.end(), std::begin(kValueRoles), std::end(kValueRoles));
+  return roles;
+}
+
+/// An argument's rank and element type. The value roles have rank 0 and are
+/// passed by value; rank 0 weights are a 0-d memref.
 struct ArgShape {
   int rank = 0;
   ElemType dtype = ElemType::F32;
@@ -152,7 +198,13 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
   case ArgRole::Status:
     return {1, ElemType::I64};
   case ArgRole::Flags:
+  case ArgRole::IgnoreIndex:
+  case ArgRole::ShardStart:
+  case ArgRole::ShardVocab:
     return {0, ElemType::I64};
+  case ArgRole::LabelSmoothing:
+  case ArgRole::ZLoss:
+    return {0, ElemType::F32};
   }
   return {};
 }

@@ -9,10 +9,8 @@
 #ifndef CE_RUNTIME_VARIANTKEY_H
 #define CE_RUNTIME_VARIANTKEY_H
 
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -100,47 +98,51 @@ inline std::string formatF32(float value) {
   return buffer;
 }
 
-/// Bits of a kernel's run-time `flags` argument (bundle format version 2),
-/// the same values as the ce ops' `flags` operand (mlir::ce::RuntimeFlag).
-/// Run-time values are not part of the variant key.
+/// Bits of a kernel's run-time `flags` argument, the same values as the ce
+/// ops' `flags` operand (mlir::ce::RuntimeFlag).
 enum KernelFlag : int64_t {
   /// Labels outside [0, V) follow Megatron-Core's contract
   /// (CE_LABEL_POLICY_MEGATRON) instead of being reported.
   kFlagMegatronLabels = 1,
+  /// The `ignore_index` argument is in force: tokens whose label equals it
+  /// are ignored. Without the bit no token is ignored.
+  kFlagIgnoreIndex = 2,
 };
 
-/// A tensor-parallel vocabulary slice: global ids [start, start + V_local)
-/// of `vocab`; `globalSmoothing` smooths over `vocab` instead of V_local.
-struct VocabShard {
-  int64_t start = 0;
-  int64_t vocab = 0;
-  bool globalSmoothing = false;
+/// How a tensor-parallel kernel smooths: over its slice (Megatron-Core's
+/// vocab-parallel cross entropy) or over the global vocabulary. The slice's
+/// start and the global vocabulary are run-time arguments.
+enum class ShardKind { None, Local, Global };
 
-  bool operator==(const VocabShard &other) const {
-    return start == other.start && vocab == other.vocab &&
-           globalSmoothing == other.globalSmoothing;
+inline const char *stringify(ShardKind kind) {
+  switch (kind) {
+  case ShardKind::None:
+    return "none";
+  case ShardKind::Local:
+    return "local";
+  case ShardKind::Global:
+    return "global";
   }
+  return "?";
+}
 
-  /// `start/vocab/local` or `start/vocab/global`.
-  std::string str() const {
-    return std::to_string(start) + "/" + std::to_string(vocab) +
-           (globalSmoothing ? "/global" : "/local");
-  }
-};
-
-/// Everything that selects one compiled kernel. Shapes and strides are
-/// runtime values and are not part of the key.
+/// Everything that selects one compiled kernel (bundle format version 3).
+/// Shapes, strides and option values (ignore_index, the smoothing and z-loss
+/// coefficients, a shard's bounds) are run-time arguments, not part of the
+/// key; the key says only whether smoothing and z-loss are computed at all,
+/// so that the common kernel does no work for them.
 struct KernelVariantKey {
   KernelOp op = KernelOp::Forward;
   ElemType logits = ElemType::BF16;
   ElemType labels = ElemType::I64;
   LabelLayout layout = LabelLayout::Flat;
-  std::optional<int64_t> ignoreIndex;
-  float labelSmoothing = 0.0f;
-  float zLoss = 0.0f;
+  bool smoothing = false;
+  bool zLoss = false;
   bool overwrite = false;
   WeightsKind weights = WeightsKind::None;
-  std::optional<VocabShard> shard;
+  ShardKind shard = ShardKind::None;
+
+  bool sharded() const { return shard != ShardKind::None; }
 
   std::string str() const {
     std::string key = "op=";
@@ -151,78 +153,57 @@ struct KernelVariantKey {
     key += stringify(labels);
     key += ",layout=";
     key += stringify(layout);
-    key += ",ignore_index=";
-    key += ignoreIndex ? std::to_string(*ignoreIndex) : std::string("none");
-    key += ",label_smoothing=" + formatF32(labelSmoothing);
-    key += ",z_loss=" + formatF32(zLoss);
+    key += ",label_smoothing=";
+    key += smoothing ? "on" : "off";
+    key += ",z_loss=";
+    key += zLoss ? "on" : "off";
     key += ",overwrite=";
     key += overwrite ? "1" : "0";
     key += ",weights=";
     key += stringify(weights);
-    // Only sharded keys carry the field, so unsharded keys stay as they were.
-    if (shard)
-      key += ",shard=" + shard->str();
+    // Only sharded keys carry the field.
+    if (sharded()) {
+      key += ",shard=";
+      key += stringify(shard);
+    }
     return key;
   }
 };
-
-/// Parses the `start/vocab/local|global` value of a key's shard field.
-inline std::optional<VocabShard> parseVocabShard(std::string_view text) {
-  VocabShard shard;
-  for (int64_t *out : {&shard.start, &shard.vocab}) {
-    size_t slash = text.find('/');
-    if (slash == std::string_view::npos || slash == 0)
-      return std::nullopt;
-    std::string digits(text.substr(0, slash));
-    char *end = nullptr;
-    errno = 0;
-    long long value = std::strtoll(digits.c_str(), &end, 10);
-    if (errno != 0 || *end != '\0')
-      return std::nullopt;
-    *out = static_cast<int64_t>(value);
-    text = text.substr(slash + 1);
-  }
-  if (text != "local" && text != "global")
-    return std::nullopt;
-  shard.globalSmoothing = text == "global";
-  return shard;
-}
 
 /// Parses a variant key written by KernelVariantKey::str(). Only the
 /// canonical spelling is accepted: every field present, in order, with the
 /// exact value spelling str() produces (so `parse(k)->str() == k`); the
 /// trailing `shard` field is present exactly for sharded kernels. Returns
-/// std::nullopt for anything else.
+/// std::nullopt for anything else, including version 2 keys (whose
+/// option fields held values).
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
-  KernelVariantKey key;
-  static constexpr std::string_view shardField = ",shard=";
-  if (size_t at = text.rfind(shardField); at != std::string_view::npos) {
-    key.shard = parseVocabShard(text.substr(at + shardField.size()));
-    if (!key.shard)
-      return std::nullopt;
-    text = text.substr(0, at);
-  }
   static constexpr const char *fieldNames[] = {
-      "op",     "logits",       "labels",
-      "layout", "ignore_index", "label_smoothing",
-      "z_loss", "overwrite",    "weights"};
+      "op",     "logits", "labels",    "layout", "label_smoothing",
+      "z_loss", "overwrite", "weights", "shard"};
   constexpr size_t numFields = sizeof(fieldNames) / sizeof(fieldNames[0]);
   std::string_view values[numFields];
+  size_t present = 0;
   std::string_view rest = text;
-  for (size_t i = 0; i < numFields; ++i) {
+  while (!rest.empty() || present == 0) {
+    if (present == numFields)
+      return std::nullopt;
     size_t comma = rest.find(',');
     std::string_view field = rest.substr(0, comma);
+    if (comma != std::string_view::npos && comma + 1 == rest.size())
+      return std::nullopt; // a trailing comma
     rest = comma == std::string_view::npos ? std::string_view()
                                            : rest.substr(comma + 1);
-    if ((comma == std::string_view::npos) != (i + 1 == numFields))
-      return std::nullopt;
     size_t eq = field.find('=');
-    if (eq == std::string_view::npos || field.substr(0, eq) != fieldNames[i])
+    if (eq == std::string_view::npos ||
+        field.substr(0, eq) != fieldNames[present])
       return std::nullopt;
-    values[i] = field.substr(eq + 1);
+    values[present++] = field.substr(eq + 1);
   }
+  if (present < numFields - 1)
+    return std::nullopt;
 
+  KernelVariantKey key;
   auto pick = [](std::string_view value, auto &out, auto... candidates) {
     for (auto candidate : {candidates...})
       if (value == stringify(candidate)) {
@@ -231,6 +212,11 @@ parseKernelVariantKey(std::string_view text) {
       }
     return false;
   };
+  auto onOff = [](std::string_view value, bool &out, const char *on,
+                  const char *off) {
+    out = value == on;
+    return value == on || value == off;
+  };
   if (!pick(values[0], key.op, KernelOp::Forward, KernelOp::Backward,
             KernelOp::Fused, KernelOp::ShardStats) ||
       !pick(values[1], key.logits, ElemType::BF16, ElemType::F16,
@@ -238,37 +224,14 @@ parseKernelVariantKey(std::string_view text) {
       !pick(values[2], key.labels, ElemType::I32, ElemType::I64) ||
       !pick(values[3], key.layout, LabelLayout::Flat, LabelLayout::SbvBs,
             LabelLayout::SbvSb) ||
-      !pick(values[8], key.weights, WeightsKind::None, WeightsKind::Scalar,
+      !onOff(values[4], key.smoothing, "on", "off") ||
+      !onOff(values[5], key.zLoss, "on", "off") ||
+      !onOff(values[6], key.overwrite, "1", "0") ||
+      !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Scalar,
             WeightsKind::Token))
     return std::nullopt;
-
-  if (values[4] != "none") {
-    std::string digits(values[4]);
-    char *end = nullptr;
-    errno = 0;
-    long long ignoreIndex = std::strtoll(digits.c_str(), &end, 10);
-    if (digits.empty() || errno != 0 || *end != '\0')
-      return std::nullopt;
-    key.ignoreIndex = static_cast<int64_t>(ignoreIndex);
-  }
-  for (int i : {5, 6}) {
-    std::string number(values[i]);
-    char *end = nullptr;
-    float value = std::strtof(number.c_str(), &end);
-    if (number.empty() || *end != '\0')
-      return std::nullopt;
-    (i == 5 ? key.labelSmoothing : key.zLoss) = value;
-  }
-  if (values[7] != "0" && values[7] != "1")
-    return std::nullopt;
-  key.overwrite = values[7] == "1";
-
-  // Reject non-canonical spellings ("1e-1", "+5", "0.10") so that one
-  // variant has exactly one key.
-  std::string canonical = key.str();
-  if (key.shard)
-    canonical.resize(canonical.rfind(shardField));
-  if (canonical != text)
+  if (present == numFields &&
+      !pick(values[8], key.shard, ShardKind::Local, ShardKind::Global))
     return std::nullopt;
   return key;
 }

@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define CE_RUNTIME_BUNDLE_VERSION 2
+#define CE_RUNTIME_BUNDLE_VERSION 3
 #define CE_MAX_RANK 3
 
 typedef enum ce_status {

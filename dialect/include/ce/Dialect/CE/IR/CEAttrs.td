@@ -42,10 +42,18 @@ def CE_ShardAttr : AttrDef<CE_Dialect, "Shard"> {
     smooths towards the mean of its own slice); with `global_smoothing =
     true` the global `vocab` (every rank's loss is then the unsharded loss).
 
-    Example: `#ce.shard<start = 64128, vocab = 128256>`.
+    Example: `#ce.shard<start = 64128, vocab = 128256>`. Without `start`
+    and `vocab` (`#ce.shard<>`, `vocab` 0) the op takes them at run time,
+    as its `shard_bounds` operands.
   }];
-  let parameters = (ins "int64_t":$start, "int64_t":$vocab,
+  let parameters = (ins DefaultValuedParameter<"int64_t", "0">:$start,
+                        DefaultValuedParameter<"int64_t", "0">:$vocab,
                         DefaultValuedParameter<"bool", "false">:$global_smoothing);
+  let extraClassDeclaration = [{
+    /// Whether the attribute holds the slice's bounds (else the op's
+    /// `shard_bounds` operands give them at run time).
+    bool hasBounds() const { return getVocab() != 0; }
+  }];
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

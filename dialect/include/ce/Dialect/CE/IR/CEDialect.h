@@ -18,6 +18,8 @@ enum RuntimeFlag : int64_t {
   /// Labels outside [0, V) follow Megatron-Core's contract instead of being
   /// reported.
   kFlagMegatronLabels = 1,
+  /// The `ignore_index` operand is in force.
+  kFlagIgnoreIndex = 2,
 };
 
 } // namespace mlir::ce

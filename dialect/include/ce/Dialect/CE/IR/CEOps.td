@@ -25,11 +25,21 @@ defvar CE_ConfigAttrs = (ins
 
 defvar CE_StatusOperand = (ins
   Arg<Optional<CE_StatusMemRef>, "bad-label status", [MemWrite]>:$status,
-  Optional<I64>:$flags);
+  Optional<I64>:$flags,
+  Optional<I64>:$ignore_index_value,
+  Optional<F32>:$label_smoothing_value,
+  Optional<F32>:$z_loss_value,
+  Optional<I64>:$shard_start,
+  Optional<I64>:$shard_vocab);
 
 defvar CE_StatusFormat =
   "(`status` `(` $status^ `:` type($status) `)`)? "
-  "(`flags` `(` $flags^ `)`)? `layout` `=` custom<Layout>($layout)";
+  "(`flags` `(` $flags^ `)`)? "
+  "(`ignore_index` `(` $ignore_index_value^ `)`)? "
+  "(`label_smoothing` `(` $label_smoothing_value^ `)`)? "
+  "(`z_loss` `(` $z_loss_value^ `)`)? "
+  "(`shard_bounds` `(` $shard_start^ `,` $shard_vocab `)`)? "
+  "`layout` `=` custom<Layout>($layout)";
 
 class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     : CE_Op<mnemonic, !listconcat(traits, [AttrSizedOperandSegments])> {
@@ -52,6 +62,16 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     `1 + linear token index` there; that token's loss and gradient row are NaN
     and nothing is read or written out of bounds.
 
+    Run-time option values: `ignore_index`, `label_smoothing` and `z_loss`
+    may instead be operands (`ignore_index(%i)`, an i64; `label_smoothing(%a)`
+    and `z_loss(%z)`, f32s of the same ranges), read when the op runs, so one
+    compiled kernel serves every value; an op gives each option as an
+    attribute or as an operand, not both. The smoothing and z-loss work is
+    built when the option is given either way (an operand that is 0 at run
+    time gives the plain loss). A sharded op may take its slice at run time:
+    `shard_bounds(%start, %vocab)` (i64s) with a `shard` attribute that
+    holds no bounds (`#ce.shard<>` or `#ce.shard<global_smoothing = true>`).
+
     Run-time flags (optional `flags`, an i64 read at run time, so one
     compiled kernel serves every value; absent means 0):
     - bit 0, Megatron-Core's label contract: a label outside `[0, V)` (the
@@ -61,6 +81,9 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
       after the max shift): the loss is `lse - max` (plus the smoothing and
       z-loss terms), the gradient has no one-hot term, `ce.shard_stats`
       writes 0 as its target, and `status` is not written.
+    - bit 1, the `ignore_index` operand is in force: without it no token is
+      ignored (the operand's value is not read). An `ignore_index`
+      attribute is always in force.
   }];
 }
 
