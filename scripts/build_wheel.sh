@@ -30,7 +30,7 @@ fi
 
 # The kernels of every target's bundle: the one line to change for another set.
 emit_bundle() {  # TARGET DIR
-  "$CE_GEN" --target="$1" -o "$2" --op=forward,backward,fused --logits=bf16,f32 --layout=flat,sbv_bs --ignore-index=-7 --label-smoothing=0.037 --z-loss=3e-5
+  "$CE_GEN" --target="$1" -o "$2" --op=forward,backward,fused --logits=bf16,f32 --layout=flat,sbv_bs --label-smoothing=on --z-loss=on
 }
 
 # A bundle is reused only if this function and the ce-gen binary are unchanged.
