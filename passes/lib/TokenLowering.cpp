@@ -157,6 +157,13 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
   return info;
 }
 
+Value CrossEntropyLowering::selectUnlessZero(Value coefficient, Value plain,
+                                             Value withTerm) {
+  Value zero = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, coefficient,
+                                     rows.f32(0.0f));
+  return arith::SelectOp::create(b, zero, plain, withTerm);
+}
+
 Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
                                       const RowStats &stats, Value lse,
                                       Value logProb) {
@@ -168,14 +175,18 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
     Value smoothTerm = arith::SubFOp::create(b, rows.buildLog1p(stats.rest),
                                              stats.meanShift);
     Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
-    loss =
+    Value smoothed =
         arith::AddFOp::create(b, arith::MulFOp::create(b, keep, loss),
                               arith::MulFOp::create(b, smoothing, smoothTerm));
+    // A coefficient of 0 (a run-time value) gives the plain loss exactly,
+    // also on rows whose smoothing term is infinite (0 * inf is NaN).
+    loss = selectUnlessZero(smoothing, loss, smoothed);
   }
   if (hasZLoss()) {
     Value square = arith::MulFOp::create(b, lse, lse);
-    loss = arith::AddFOp::create(
-        b, loss, arith::MulFOp::create(b, zLoss, square));
+    loss = selectUnlessZero(
+        zLoss, loss,
+        arith::AddFOp::create(b, loss, arith::MulFOp::create(b, zLoss, square)));
   }
   loss = arith::SelectOp::create(b, label.accepted, loss, rows.f32(kNaN));
   return arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), loss);

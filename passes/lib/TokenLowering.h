@@ -117,6 +117,10 @@ public:
   /// falls in the slice.
   LabelInfo readLabel(const Token &token);
 
+  /// `plain` where `coefficient` is 0, else `withTerm` (constant-folded
+  /// when the coefficient is a constant).
+  Value selectUnlessZero(Value coefficient, Value plain, Value withTerm);
+
   /// The per-token loss from the row statistics and `logProb` = log p_y.
   Value buildLoss(const LabelInfo &label, const RowStats &stats, Value lse,
                   Value logProb);

@@ -45,6 +45,28 @@ int keyDistance(const std::string &a, const std::string &b) {
 
 } // namespace
 
+const KernelInfo *findServingKernel(const Bundle &bundle,
+                                    const std::string &target,
+                                    const LaunchPlan &plan) {
+  // The request's own variant first; then, for a coefficient of 0, a kernel
+  // that computes smoothing or a z-loss anyway (the same numbers for a
+  // little more work), so that a bundle of "on" kernels serves every value.
+  KernelVariantKey variant = plan.variant;
+  for (int extra : {0, 1, 2, 3}) {
+    if (((extra & 1) && variant.smoothing) || ((extra & 2) && variant.zLoss))
+      continue;
+    KernelVariantKey candidate = variant;
+    candidate.smoothing |= (extra & 1) != 0;
+    candidate.zLoss |= (extra & 2) != 0;
+    if (candidate.zLoss && candidate.op == KernelOp::ShardStats)
+      continue;
+    if (const KernelInfo *info =
+            bundle.findKernel(target, candidate.str(), plan.vocabSize))
+      return info;
+  }
+  return nullptr;
+}
+
 Status variantNotFoundError(const Bundle &bundle, const std::string &target,
                             const LaunchPlan &plan,
                             const std::string &deviceDescription) {
@@ -106,8 +128,7 @@ Status launch(const Bundle &bundle, const LaunchRequest &request) {
       !status.isOk())
     return status;
 
-  const KernelInfo *info =
-      bundle.findKernel(target, plan.variant.str(), plan.vocabSize);
+  const KernelInfo *info = findServingKernel(bundle, target, plan);
   if (!info)
     return variantNotFoundError(bundle, target, plan, description);
   if (plan.device != CE_DEVICE_HOST) {

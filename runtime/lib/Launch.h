@@ -27,6 +27,13 @@ Status launch(const Bundle &bundle, const LaunchRequest &request);
 /// CE_ERROR_NO_DEVICE saying why ("no CUDA device: ...").
 Status checkDeviceAvailable(ce_device_type device, int32_t deviceIndex);
 
+/// The kernel of `bundle` for `target` that serves `plan`: its own variant,
+/// or for a smoothing or z-loss coefficient of 0 one that computes the term
+/// anyway. Null when the bundle has neither.
+const KernelInfo *findServingKernel(const Bundle &bundle,
+                                    const std::string &target,
+                                    const LaunchPlan &plan);
+
 /// The error for a variant `bundle` lacks for `target`: the requested key,
 /// how to make it with ce-gen, the nearest keys the bundle has for that
 /// target and the targets it has the key for. `deviceDescription` names the

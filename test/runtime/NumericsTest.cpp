@@ -92,6 +92,10 @@ const CaseSpec kCases[] = {
      true},
 };
 
+/// The inputs of the bad-label cases.
+const CaseSpec kBadLabelSpec = {"bad-label", 9,     3,     3,
+                                7,           false, false, false, false};
+
 //===----------------------------------------------------------------------===//
 // Failure reporting
 //===----------------------------------------------------------------------===//
@@ -232,13 +236,52 @@ struct Problem {
   }
 };
 
-ce_options optionsFor(const KernelVariantKey &key) {
+/// The run-time option values of one case (kernel arguments since bundle
+/// format version 3, so every case draws its own).
+struct CaseOptions {
+  std::optional<int64_t> ignoreIndex;
+  float labelSmoothing = 0.0f;
+  float zLoss = 0.0f;
+
+  std::string str() const {
+    return "ignore_index=" +
+           (ignoreIndex ? std::to_string(*ignoreIndex) : std::string("none")) +
+           " label_smoothing=" + formatF32(labelSmoothing) +
+           " z_loss=" + formatF32(zLoss);
+  }
+};
+
+/// Draws the option values of a case: an ignore_index on most cases (-100,
+/// -7, or class 3 of the row, whose tokens are then ignored, except in
+/// bad-label cases where the label next to it must be an error), and a
+/// smoothing or z-loss coefficient where the kernel computes one, spread
+/// over the usual ranges and sometimes exactly 0.
+CaseOptions drawOptions(const KernelVariantKey &key, const CaseSpec &spec,
+                        bool badLabelCase, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  CaseOptions options;
+  if (spec.allIgnored || uniform(rng) < 0.75) {
+    double pick = uniform(rng);
+    options.ignoreIndex = pick < 0.4 ? -100
+                          : pick < 0.8 || badLabelCase || spec.vocab <= 3
+                              ? -7
+                              : 3;
+  }
+  if (key.smoothing && uniform(rng) >= 0.1)
+    options.labelSmoothing = static_cast<float>(0.01 + 0.29 * uniform(rng));
+  if (key.zLoss && uniform(rng) >= 0.1)
+    options.zLoss = static_cast<float>(1e-5 * std::pow(100.0, uniform(rng)));
+  return options;
+}
+
+ce_options optionsFor(const KernelVariantKey &key, const CaseOptions &values) {
   ce_options options;
   ce_options_init(&options);
-  options.has_ignore_index = key.ignoreIndex.has_value();
-  options.ignore_index = key.ignoreIndex.value_or(-100);
-  options.label_smoothing = key.labelSmoothing;
-  options.z_loss = key.zLoss;
+  options.has_ignore_index = values.ignoreIndex.has_value();
+  options.ignore_index = values.ignoreIndex.value_or(-100);
+  options.label_smoothing = values.labelSmoothing;
+  options.z_loss = values.zLoss;
   options.overwrite_input = key.overwrite;
   options.label_layout =
       key.layout == LabelLayout::SbvSb ? CE_LABELS_SB : CE_LABELS_BS;
@@ -247,12 +290,12 @@ ce_options optionsFor(const KernelVariantKey &key) {
 
 /// Sets up the shape and options of `problem` for `key` and `spec`.
 void initProblem(Problem &problem, const KernelVariantKey &key,
-                 const CaseSpec &spec) {
+                 const CaseSpec &spec, const CaseOptions &values) {
   problem.key = key;
-  problem.options = optionsFor(key);
-  problem.reference.ignoreIndex = key.ignoreIndex;
-  problem.reference.labelSmoothing = key.labelSmoothing;
-  problem.reference.zLoss = key.zLoss;
+  problem.options = optionsFor(key, values);
+  problem.reference.ignoreIndex = values.ignoreIndex;
+  problem.reference.labelSmoothing = values.labelSmoothing;
+  problem.reference.zLoss = values.zLoss;
   if (spec.megatronLabels) {
     problem.options.label_policy = CE_LABEL_POLICY_MEGATRON;
     problem.reference.megatronLabels = true;
@@ -291,8 +334,8 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
     for (int64_t j = 0; j < v; ++j)
       p.x[t * v + j] = roundTo(type, sigma * normal(rng));
     p.labels[t] = anyLabel(rng);
-    if (p.key.ignoreIndex && (spec.allIgnored || uniform(rng) < 0.2))
-      p.labels[t] = *p.key.ignoreIndex;
+    if (p.reference.ignoreIndex && (spec.allIgnored || uniform(rng) < 0.2))
+      p.labels[t] = *p.reference.ignoreIndex;
   }
 
   // Special rows on the first tokens.
@@ -575,10 +618,10 @@ void expectOk(Report &report, ce_status status, const char *function) {
 }
 
 void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
-             const CaseSpec &spec, uint64_t seed) {
+             const CaseSpec &spec, const CaseOptions &values, uint64_t seed) {
   std::mt19937_64 rng(seed);
   Problem p;
-  initProblem(p, key, spec);
+  initProblem(p, key, spec, values);
   fillInputs(p, spec, rng);
   fillScale(p, spec, rng);
   int64_t n = p.numTokens, v = p.vocab;
@@ -695,16 +738,16 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
 /// write NaN for it, without touching memory outside the tensors.
 void runBadLabelCase(Report &report, ce_bundle *bundle,
                      const KernelVariantKey &key, int64_t badToken,
-                     int64_t badLabel, bool logitsAtStart, uint64_t seed) {
+                     int64_t badLabel, bool logitsAtStart,
+                     const CaseOptions &values, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  CaseSpec spec = {"bad-label", 9, 3, 3, 7, false, false, false, false};
   Problem p;
-  initProblem(p, key, spec);
-  fillInputs(p, spec, rng, logitsAtStart);
-  fillScale(p, spec, rng);
-  if (key.ignoreIndex)
+  initProblem(p, key, kBadLabelSpec, values);
+  fillInputs(p, kBadLabelSpec, rng, logitsAtStart);
+  fillScale(p, kBadLabelSpec, rng);
+  if (values.ignoreIndex)
     for (int64_t &label : p.labels)
-      if (label == *key.ignoreIndex)
+      if (label == *values.ignoreIndex)
         label = 0;
   p.labels[badToken] = badLabel;
   for (int64_t t = 0; t < p.numTokens; ++t)
@@ -851,14 +894,23 @@ int main(int argc, char **argv) {
       }
 
       for (const CaseSpec &spec : kCases) {
-        if (spec.allIgnored && !key->ignoreIndex)
-          continue;
-        report.startCase(keyText, spec.name);
+        CaseOptions values = drawOptions(
+            *key, spec, false, mix(seed, keyText + "/" + spec.name + "/options"));
+        std::string name = std::string(spec.name) + " (" + values.str() + ")";
+        for (const auto &[field, value] :
+             {std::pair{"ignore_index", values.ignoreIndex ? "set" : "none"},
+              std::pair{"label_smoothing_value",
+                        values.labelSmoothing != 0.0f ? "nonzero" : "0"},
+              std::pair{"z_loss_value", values.zLoss != 0.0f ? "nonzero" : "0"}})
+          coverage[field].insert(value);
+        report.startCase(keyText, name);
         if (verbose)
-          std::printf("    case %s\n", spec.name);
-        runCase(report, open.bundle, *key, spec,
+          std::printf("    case %s\n", name.c_str());
+        runCase(report, open.bundle, *key, spec, values,
                 mix(seed, keyText + "/" + spec.name));
       }
+      CaseOptions badValues = drawOptions(*key, kBadLabelSpec, true,
+                                          mix(seed, keyText + "/bad/options"));
       struct {
         int64_t token, label;
         bool atStart;
@@ -866,13 +918,17 @@ int main(int argc, char **argv) {
           {8, 7, false}, // just past the last row
           {0, -1, true}, // just before the first row
           {4, key->labels == ElemType::I64 ? int64_t(1) << 40 : 12345, false},
-          {5, key->ignoreIndex ? *key->ignoreIndex + 1 : 99, false},
+          // Next to the ignore_index: compared exactly, not by range.
+          {5, badValues.ignoreIndex ? *badValues.ignoreIndex + 1 : 99, false},
       };
       for (auto &bad : badCases) {
-        std::string name = "bad-label-" + std::to_string(bad.label);
+        std::string name = "bad-label-" + std::to_string(bad.label) + " (" +
+                           badValues.str() + ")";
         report.startCase(keyText, name);
         runBadLabelCase(report, open.bundle, *key, bad.token, bad.label,
-                        bad.atStart, mix(seed, keyText + "/" + name));
+                        bad.atStart, badValues,
+                        mix(seed, keyText + "/bad-label-" +
+                                      std::to_string(bad.label)));
       }
       int64_t failures = report.takeKernelFailures();
       double seconds = std::chrono::duration<double>(
