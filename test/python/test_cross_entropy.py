@@ -407,12 +407,13 @@ class TestBundles(unittest.TestCase):
         loss = cegen.cross_entropy(logits, labels, bundle=bundle)
         S.assert_close(self, loss, ref_loss, 1e-5, 1e-5, "loss")
 
+    @unittest.skipIf(S.INSTALLED, "the installed package's prebuilt bundle holds every variant")
     def test_bundle_without_the_variant(self) -> None:
         logits = S.random_logits((4, 50))
         labels = S.random_labels((4,), 50)
         cegen.cross_entropy(logits, labels)
         bundle = cegen._bundle_cache.bundle_for(cegen.VariantKey("forward", "f32", "i64", "flat"))
-        with self.assertRaisesRegex(cegen.VariantNotFoundError, "label_smoothing=0.100000001"):
+        with self.assertRaisesRegex(cegen.VariantNotFoundError, "label_smoothing=on"):
             cegen.cross_entropy(logits, labels, label_smoothing=0.1, bundle=bundle.path)
 
     def test_missing_bundle_directory(self) -> None:
