@@ -12,15 +12,17 @@
 //   4 KiB and at a spread of offsets to the end, bytes of their ELF header,
 //   program headers, section headers and dynamic section flipped, manifests
 //   truncated and flipped at every byte, objects swapped between two
-//   bundles. With a version 2 manifest (object and manifest hashes) every
-//   change is CE_ERROR_BUNDLE. A version 1 manifest has no hashes and relies
-//   on the structural checks: a truncation is still always an error, and a
-//   flip they let through must leave the kernel working.
+//   bundles. With the manifest's object and manifest hashes every change is
+//   CE_ERROR_BUNDLE. The structural checks are also tested on their own,
+//   under a manifest whose hashes vouch for the damaged file (as if it was
+//   damaged before ce-gen hashed it): a truncation is still always an
+//   error, a flip they let through must leave the kernel working, and a
+//   damaged manifest never crashes.
 // - BundleFaults.CeGen*: the same on a bundle ce-gen made (lld's layout,
 //   LLVM's SHA-256), named by CE_TEST_CEGEN_BUNDLE (ctest's
 //   runtime_bundle_faults_cegen sets it); skipped without it.
-// - BundleIntegrity.*: the hash fields themselves, and GPU objects (PTX,
-//   HSACO, cubin) checked at open.
+// - BundleIntegrity.*: the hash fields themselves, the refusal of format
+//   versions 1 and 2, and GPU objects (PTX, HSACO, cubin) checked at open.
 //
 //===----------------------------------------------------------------------===//
 
@@ -263,9 +265,16 @@ void writeBundle(const TempDir &dir, const std::string &object,
   dir.write("manifest.json", manifest);
 }
 
-std::string oneKernel(int version, const std::string &objectSha256 = "") {
+std::string oneKernel(int version = CE_RUNTIME_BUNDLE_VERSION,
+                      const std::string &objectSha256 = "") {
   return manifestJson({{forwardKey(), "fake_forward_flat", {}}}, version,
                       objectSha256);
+}
+
+/// The manifest of a bundle whose object is `object`, its hash included:
+/// the structural checks alone stand between a damaged object and dlopen.
+std::string vouchingFor(const std::string &object) {
+  return oneKernel(CE_RUNTIME_BUNDLE_VERSION, sha256Of(object));
 }
 
 /// A structural rejection: the checks' words, not dlopen's.
@@ -276,15 +285,19 @@ bool namesDamage(const Outcome &outcome) {
           outcome.message.find("has 0 bytes") != std::string::npos);
 }
 
-/// Truncates `object` at many offsets under `manifest`; every cut must be
-/// rejected by the structural checks (the hash comes second).
+/// Truncates `object` at many offsets under `manifest` (or, when
+/// `manifest` is empty, under a manifest that vouches for the cut object);
+/// every cut must be rejected by the structural checks (the hash comes
+/// second).
 void truncateObject(const std::string &object, const std::string &manifest,
                     const std::string &what) {
   std::vector<size_t> lengths = truncationOffsets(object.size());
   std::vector<Outcome> outcomes = openAllInChildren(
       lengths.size(), false, [&](size_t i, const std::string &dir) {
-        writeFile(dir + "/" + kObject, object.substr(0, lengths[i]));
-        writeFile(dir + "/manifest.json", manifest);
+        std::string cut = object.substr(0, lengths[i]);
+        writeFile(dir + "/" + kObject, cut);
+        writeFile(dir + "/manifest.json",
+                  manifest.empty() ? vouchingFor(cut) : manifest);
       });
   Failures failures(what);
   for (size_t i = 0; i < lengths.size(); ++i)
@@ -294,20 +307,22 @@ void truncateObject(const std::string &object, const std::string &manifest,
   EXPECT_GT(failures.total(), 100u);
 }
 
-TEST(BundleFaults, TruncatedHostObjectVersion1) {
-  // No hash: the structural checks alone.
-  truncateObject(fakeKernelBytes(), oneKernel(1), "truncation (version 1)");
+TEST(BundleFaults, TruncatedHostObjectTheHashVouchesFor) {
+  // The structural checks alone.
+  truncateObject(fakeKernelBytes(), "", "truncation (hash vouching for it)");
 }
 
-TEST(BundleFaults, TruncatedHostObjectVersion2) {
-  truncateObject(fakeKernelBytes(), oneKernel(2), "truncation (version 2)");
+TEST(BundleFaults, TruncatedHostObject) {
+  truncateObject(fakeKernelBytes(), oneKernel(), "truncation");
 }
 
 /// Flips bytes of `object`'s ELF header, program headers and dynamic
 /// section with each of `patterns`, every 4th byte of its section headers
 /// with the first, and with `stride` every stride-th byte of the file, under
 /// `manifest`. With `hashed` every flip must be CE_ERROR_BUNDLE; without,
-/// it must be CE_ERROR_BUNDLE or leave the kernel working (`callKernel`).
+/// the manifest vouches for each flipped object (`manifest` is not used)
+/// and a flip must be CE_ERROR_BUNDLE or leave the kernel working
+/// (`callKernel`).
 void flipObject(const std::string &object, const std::string &manifest,
                 bool hashed, bool callKernel, size_t stride,
                 std::vector<uint8_t> patterns, const std::string &what) {
@@ -332,7 +347,8 @@ void flipObject(const std::string &object, const std::string &manifest,
         damaged[flips[i].first] =
             char(damaged[flips[i].first] ^ flips[i].second);
         writeFile(dir + "/" + kObject, damaged);
-        writeFile(dir + "/manifest.json", manifest);
+        writeFile(dir + "/manifest.json",
+                  hashed ? manifest : vouchingFor(damaged));
       });
   Failures failures(what);
   size_t opened = 0;
@@ -356,28 +372,31 @@ void flipObject(const std::string &object, const std::string &manifest,
               opened);
 }
 
-TEST(BundleFaults, FlippedHeaderBytesVersion1) {
-  flipObject(fakeKernelBytes(), oneKernel(1), /*hashed=*/false,
+TEST(BundleFaults, FlippedHeaderBytesTheHashVouchesFor) {
+  // The structural checks alone.
+  flipObject(fakeKernelBytes(), "", /*hashed=*/false,
              /*callKernel=*/true, /*stride=*/0, {0x01, 0x80, 0xff},
-             "header flips (version 1)");
+             "header flips (hash vouching for them)");
 }
 
-TEST(BundleFaults, FlippedBytesVersion2) {
+TEST(BundleFaults, FlippedBytes) {
   // Headers and a spread over the whole file, code and padding included:
   // the hash catches what the structure cannot.
-  flipObject(fakeKernelBytes(), oneKernel(2), /*hashed=*/true,
-             /*callKernel=*/true, /*stride=*/61, {0x01, 0xff},
-             "flips (version 2)");
+  flipObject(fakeKernelBytes(), oneKernel(), /*hashed=*/true,
+             /*callKernel=*/true, /*stride=*/61, {0x01, 0xff}, "flips");
 }
 
 /// Truncates `manifest` at every byte and flips every byte; `sealed`
-/// manifests must reject every change, version 1 ones may open (no seal)
-/// but never crash. Runs in this process: no object is damaged.
+/// manifests must reject every change. Without `sealed` each damaged text
+/// is sealed again where its seal survives (the checks after the seal's on
+/// their own): it may open but never crash. Runs in this process: no object
+/// is damaged.
 void damageManifest(const std::string &bundleDir, const std::string &manifest,
                     bool sealed, bool callKernel, const std::string &what) {
   std::string path = bundleDir + "/manifest.json";
   auto write = [&](const std::string &text) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        << (sealed ? text : resealIfSealed(text));
   };
   Failures failures(what);
   size_t lastBrace = manifest.rfind('}');
@@ -410,18 +429,18 @@ void damageManifest(const std::string &bundleDir, const std::string &manifest,
   EXPECT_EQ(intact.status, CE_OK) << intact.message;
 }
 
-TEST(BundleFaults, DamagedManifestVersion2) {
+TEST(BundleFaults, DamagedManifest) {
   TempDir dir;
-  writeBundle(dir, fakeKernelBytes(), oneKernel(2));
-  damageManifest(dir.path(), oneKernel(2), /*sealed=*/true,
-                 /*callKernel=*/true, "manifest damage (version 2)");
+  writeBundle(dir, fakeKernelBytes(), oneKernel());
+  damageManifest(dir.path(), oneKernel(), /*sealed=*/true,
+                 /*callKernel=*/true, "manifest damage");
 }
 
-TEST(BundleFaults, DamagedManifestVersion1) {
+TEST(BundleFaults, DamagedManifestSealedAgain) {
   TempDir dir;
-  writeBundle(dir, fakeKernelBytes(), oneKernel(1));
-  damageManifest(dir.path(), oneKernel(1), /*sealed=*/false,
-                 /*callKernel=*/true, "manifest damage (version 1)");
+  writeBundle(dir, fakeKernelBytes(), oneKernel());
+  damageManifest(dir.path(), oneKernel(), /*sealed=*/false,
+                 /*callKernel=*/true, "manifest damage (sealed again)");
 }
 
 TEST(BundleFaults, SwappedObjectsAreRejected) {
@@ -431,8 +450,8 @@ TEST(BundleFaults, SwappedObjectsAreRejected) {
   std::string a = fakeKernelBytes(), b = readFile(CE_FAKE_KERNELS_B_PATH);
   ASSERT_NE(sha256Of(a), sha256Of(b));
   TempDir dirA, dirB;
-  writeBundle(dirA, a, oneKernel(2, sha256Of(a)));
-  writeBundle(dirB, b, oneKernel(2, sha256Of(b)));
+  writeBundle(dirA, a, oneKernel(CE_RUNTIME_BUNDLE_VERSION, sha256Of(a)));
+  writeBundle(dirB, b, oneKernel(CE_RUNTIME_BUNDLE_VERSION, sha256Of(b)));
   EXPECT_EQ(openInChild(dirA.path(), true).describe(), "CE_OK (kernel works)");
   EXPECT_EQ(openInChild(dirB.path(), true).describe(), "CE_OK (kernel works)");
   dirA.write(kObject, b);
@@ -447,9 +466,6 @@ TEST(BundleFaults, SwappedObjectsAreRejected) {
     EXPECT_THAT(outcome.message, HasSubstr(sha256Of(*object)));
     EXPECT_THAT(outcome.message, HasSubstr(sha256Of(*manifestObject)));
   }
-  // A version 1 manifest records no hash and cannot tell.
-  dirA.write("manifest.json", oneKernel(1));
-  EXPECT_EQ(openInChild(dirA.path(), false).status, CE_OK);
 }
 
 //--- A bundle made by ce-gen
@@ -545,10 +561,10 @@ std::string replaceOnce(std::string text, const std::string &from,
   return text;
 }
 
-TEST(BundleIntegrity, VersionTwoNeedsBothHashes) {
+TEST(BundleIntegrity, BothHashesAreRequired) {
   TempDir dir;
   std::string hash = sha256Of(fakeKernelBytes());
-  std::string manifest = oneKernel(2);
+  std::string manifest = oneKernel();
   writeBundle(dir, fakeKernelBytes(),
               sealManifest(replaceOnce(manifest, "\"sha256\"", "\"x\"")));
   EXPECT_THAT(openFails(dir.path()),
@@ -576,7 +592,7 @@ TEST(BundleIntegrity, VersionTwoNeedsBothHashes) {
 
 TEST(BundleIntegrity, ChangedManifestNamesBothHashes) {
   TempDir dir;
-  std::string manifest = oneKernel(2);
+  std::string manifest = oneKernel();
   std::string changed =
       replaceOnce(manifest, "runtime_bundle_test", "runtime_bundle_tesT");
   writeBundle(dir, fakeKernelBytes(), changed);
@@ -591,35 +607,39 @@ TEST(BundleIntegrity, ChangedManifestNamesBothHashes) {
                                     changed.find("manifest_sha256") + 19, 64)));
 }
 
-TEST(BundleIntegrity, VersionOneMayCarryHashes) {
-  TempDir dir;
+TEST(BundleIntegrity, OlderVersionsAreRefusedEvenWithIntactHashes) {
+  // A version 1 or 2 bundle whose object and manifest are intact (version
+  // 1 may carry both hashes too) is refused: its kernels take no value
+  // arguments. The message names both versions; no object is loaded.
   std::string hash = sha256Of(fakeKernelBytes());
-  std::string manifest =
+  std::string v1 =
       replaceOnce(oneKernel(1), "\"kind\": \"shared-object\"",
-                  "\"kind\": \"shared-object\", \"sha256\": "
-                  "\"" +
-                      hash + "\"");
-  writeBundle(dir, fakeKernelBytes(), manifest);
-  EXPECT_EQ(openInChild(dir.path(), true).describe(), "CE_OK (kernel works)");
-  writeBundle(dir, fakeKernelBytes(),
-              replaceOnce(manifest, hash, sha256Of("another object")));
-  EXPECT_THAT(openFails(dir.path()), HasSubstr("does not match its manifest"));
+                  "\"kind\": \"shared-object\", \"sha256\": \"" + hash + "\"");
+  for (const std::string &manifest : {oneKernel(1), v1, oneKernel(2)}) {
+    TempDir dir;
+    writeBundle(dir, fakeKernelBytes(), manifest);
+    std::string message = openFails(dir.path());
+    EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
+    EXPECT_THAT(message, HasSubstr(" is older than version 3, the only one "
+                                   "this runtime reads"));
+    EXPECT_THAT(message,
+                HasSubstr("bundle format version " +
+                          std::string(manifest == oneKernel(2) ? "2" : "1")));
+  }
 }
 
-/// A version 2 manifest of one forward kernel in `file` for `target`.
+/// A manifest of one forward kernel in `file` for `target`.
 std::string gpuManifest(const std::string &target, const std::string &file,
                         const std::string &kind, const std::string &object) {
-  std::string args;
-  for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
-    args += std::string(args.empty() ? "" : ", ") + "{\"role\": \"" + role +
-            "\", \"rank\": " + std::to_string(rank) + ", \"dtype\": \"" +
-            dtype + "\"}";
+  std::string args = argsJson(canonicalArgs(forwardKey()));
+  args = args.substr(1, args.size() - 2); // the array's elements
   return sealManifest(
-      R"({"format": "cegen-bundle", "version": 2, "objects": [{"file": ")" +
-      file + R"(", "target": ")" + target + R"(", "kind": ")" + kind +
-      R"(", "sha256": ")" + sha256Of(object) + R"("}], "kernels": [{"key": ")" +
-      forwardKey().str() + R"(", "target": ")" + target + R"(", "object": ")" +
-      file +
+      R"({"format": "cegen-bundle", "version": )" +
+      std::to_string(CE_RUNTIME_BUNDLE_VERSION) +
+      R"(, "objects": [{"file": ")" + file + R"(", "target": ")" + target +
+      R"(", "kind": ")" + kind + R"(", "sha256": ")" + sha256Of(object) +
+      R"("}], "kernels": [{"key": ")" + forwardKey().str() +
+      R"(", "target": ")" + target + R"(", "object": ")" + file +
       R"(", "symbol": "ce_forward_0", "abi": "memref-descriptor-fields",)" +
       R"( "launch": {"block_size": 256, "rows_per_block": 1, "lds_bytes": 0},)" +
       R"( "args": [)" + args + R"(]}], "manifest_sha256": ")" +
@@ -632,10 +652,10 @@ TEST(BundleIntegrity, GpuObjectsAreCheckedAtOpen) {
     std::string bytes;
   };
   Object objects[] = {
-      {"sm_90", "sm_90.ptx", "ptx", fakePtx("ce_forward_0 27")},
+      {"sm_90", "sm_90.ptx", "ptx", fakePtx("ce_forward_0 33")},
       {"sm_90", "sm_90.cubin", "cubin",
        fakeElf(/*EM_CUDA=*/190, /*ET_EXEC=*/2, /*OS ABI=*/0x33, "")},
-      {"gfx942", "gfx942.hsaco", "hsaco", fakeHsaco("ce_forward_0 27")},
+      {"gfx942", "gfx942.hsaco", "hsaco", fakeHsaco("ce_forward_0 33")},
   };
   for (const Object &object : objects) {
     SCOPED_TRACE(object.file);

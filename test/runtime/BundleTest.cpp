@@ -10,8 +10,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -32,12 +35,19 @@ std::string openFails(const std::string &dir) {
   return ce_last_error_message();
 }
 
-/// A bundle directory with the fake object and `manifest` as its manifest.
+/// A bundle directory with the fake object and `manifest` as its manifest,
+/// sealed again if it has a seal: a test that changes the text means the
+/// check that change meets, not the seal's (ManifestTest.cpp and
+/// BundleFaultTest.cpp test the seal).
 std::string writeBundle(const TempDir &dir, const std::string &manifest) {
   dir.copyFakeKernels();
-  dir.write("manifest.json", manifest);
+  dir.write("manifest.json", resealIfSealed(manifest));
   return dir.path();
 }
+
+/// The "version" member as manifestJson writes it.
+const std::string kVersion =
+    "\"version\": " + std::to_string(CE_RUNTIME_BUNDLE_VERSION);
 
 std::string oneKernelManifest() {
   return manifestJson({{forwardKey(), "fake_forward_flat", {}}});
@@ -105,8 +115,11 @@ TEST(BundleOpen, ManifestThatIsNotAFile) {
 
 TEST(BundleOpen, EmptyBundle) {
   TempDir dir;
-  dir.write("manifest.json", R"({"format": "cegen-bundle", "version": 1,
-                                 "objects": [], "kernels": []})");
+  dir.write("manifest.json",
+            sealManifest(R"({"format": "cegen-bundle", )" + kVersion + R"(,
+                                 "objects": [], "kernels": [],
+                                 "manifest_sha256": ")" +
+                         std::string(64, '0') + "\"}"));
   ce_bundle *bundle = nullptr;
   ASSERT_EQ(ce_bundle_open(dir.path().c_str(), &bundle), CE_OK)
       << ce_last_error_message();
@@ -168,12 +181,28 @@ TEST(BundleOpen, WrongFormat) {
 TEST(BundleOpen, NewerVersionNamesBothVersions) {
   TempDir dir;
   std::string manifest =
-      replaceOnce(oneKernelManifest(), "\"version\": 1", "\"version\": 3");
+      replaceOnce(oneKernelManifest(), kVersion, "\"version\": 4");
   // A newer version may change anything, so nothing else is read.
-  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v3\"");
+  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v4\"");
   std::string message = openFails(writeBundle(dir, manifest));
-  EXPECT_THAT(message, HasSubstr("version 3"));
-  EXPECT_THAT(message, HasSubstr("version 2"));
+  EXPECT_THAT(message, HasSubstr("bundle format version 4 is newer than "
+                                 "version 3"));
+}
+
+TEST(BundleOpen, OlderVersionsAreRefusedNamingBothVersions) {
+  // Versions 1 and 2 compiled the option values into the kernels, which
+  // took no value arguments: a version 3 runtime cannot call them.
+  for (int version : {1, 2}) {
+    SCOPED_TRACE(version);
+    TempDir dir;
+    std::string message = openFails(writeBundle(
+        dir, manifestJson({{forwardKey(), "fake_forward_flat", {}}}, version)));
+    EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
+    EXPECT_THAT(message,
+                HasSubstr("bundle format version " + std::to_string(version) +
+                          " is older than version 3"));
+    EXPECT_THAT(message, HasSubstr("regenerate the bundle"));
+  }
 }
 
 TEST(BundleOpen, BadVersion) {
@@ -181,7 +210,7 @@ TEST(BundleOpen, BadVersion) {
   for (const char *version : {"0", "-1", "1.5", "\"1\"", "null"}) {
     SCOPED_TRACE(version);
     std::string message = openFails(
-        writeBundle(dir, replaceOnce(oneKernelManifest(), "\"version\": 1",
+        writeBundle(dir, replaceOnce(oneKernelManifest(), kVersion,
                                      std::string("\"version\": ") + version)));
     EXPECT_THAT(message, HasSubstr("\"version\""));
   }
@@ -293,9 +322,15 @@ TEST(BundleOpen, InvalidVariantKey) {
   std::string key = forwardKey().str();
   for (const std::string &bad :
        {std::string("op=forward"), replaceOnce(key, "op=forward", "op=fwd"),
-        replaceOnce(key, "label_smoothing=0", "label_smoothing=0.0"),
+        replaceOnce(key, "label_smoothing=off", "label_smoothing=0"),
+        replaceOnce(key, "z_loss=off", "z_loss=OFF"),
         replaceOnce(key, "overwrite=0", "overwrite=1"),
-        replaceOnce(key, "weights=none", "weights=token"), key + ",x=1"}) {
+        replaceOnce(key, "weights=none", "weights=token"),
+        replaceOnce(key, "weights=none", "weights=none,shard=local"),
+        key + ",x=1",
+        // A version 2 key: the option values were part of it.
+        replaceOnce(key, "label_smoothing=off,z_loss=off",
+                    "ignore_index=none,label_smoothing=0,z_loss=0")}) {
     SCOPED_TRACE(bad);
     std::string message =
         openFails(writeBundle(dir, replaceOnce(oneKernelManifest(), key, bad)));
@@ -313,44 +348,53 @@ TEST(BundleOpen, DuplicateKernel) {
 }
 
 TEST(BundleOpen, ArgsMustFitTheVariant) {
-  TempDir dir;
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
+  const Args canonical = canonicalArgs(forwardKey());
+  // canonical: logits, labels, loss, lse, status, then the six values.
+  auto with = [&](const std::function<void(Args &)> &change) {
+    Args args = canonical;
+    change(args);
+    return args;
+  };
   struct Case {
     Args args;
-    const char *message;
+    std::string message;
   } cases[] = {
-      {{{"logits", 2, "f32"},
-        {"labels", 1, "i64"},
-        {"loss", 1, "f32"},
-        {"status", 1, "i64"}},
-       "missing argument role \"lse\""},
-      {{{"logits", 3, "f32"},
-        {"labels", 1, "i64"},
-        {"loss", 1, "f32"},
-        {"lse", 1, "f32"},
-        {"status", 1, "i64"}},
+      {with([](Args &a) { a.erase(a.begin() + 3); }),
+       "args[3]: argument role \"status\" where this variant takes \"lse\""},
+      {with([](Args &a) {
+         a[0] = {"logits", 3, "f32"};
+       }),
        "\"logits\" is f32 of rank 3, expected f32 of rank 2"},
-      {{{"logits", 2, "bf16"},
-        {"labels", 1, "i64"},
-        {"loss", 1, "f32"},
-        {"lse", 1, "f32"},
-        {"status", 1, "i64"}},
+      {with([](Args &a) {
+         a[0] = {"logits", 2, "bf16"};
+       }),
        "expected f32 of rank 2"},
-      {{{"logits", 2, "f32"},
-        {"labels", 1, "i64"},
-        {"loss", 1, "f32"},
-        {"lse", 1, "f32"},
-        {"grad", 2, "f32"},
-        {"status", 1, "i64"}},
-       "unexpected argument role \"grad\""},
-      {{{"logits", 2, "f32"},
-        {"labels", 1, "i64"},
-        {"loss", 1, "f32"},
-        {"loss", 1, "f32"},
-        {"lse", 1, "f32"},
-        {"status", 1, "i64"}},
-       "role \"loss\" twice"},
+      {with([](Args &a) {
+         a.insert(a.begin() + 4, {"grad", 2, "f32"});
+       }),
+       "args[4]: argument role \"grad\" where this variant takes "
+       "\"status\""},
+      {with([](Args &a) {
+         a.insert(a.begin() + 3, {"loss", 1, "f32"});
+       }),
+       "args[3]: argument role \"loss\" where this variant takes \"lse\""},
+      // The tensors in another order (the manifest cannot reorder a
+      // kernel's parameters).
+      {with([](Args &a) { std::swap(a[2], a[3]); }),
+       "args[2]: argument role \"lse\" where this variant takes \"loss\""},
+      // A version 2 kernel's list: the tensors and the flags only.
+      {with([](Args &a) { a.resize(6); }),
+       "missing argument role \"ignore_index\""},
+      // A version 1 kernel's list: the tensors only.
+      {with([](Args &a) { a.resize(5); }), "missing argument role \"flags\""},
+      {with([](Args &a) {
+         a.push_back({"flags", 0, "i64"});
+       }),
+       "unexpected argument role \"flags\" after the last one, "
+       "\"shard_vocab\""},
   };
+  TempDir dir;
   for (const Case &c : cases) {
     SCOPED_TRACE(c.message);
     EXPECT_THAT(
@@ -360,45 +404,55 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
   }
 }
 
-TEST(BundleOpen, FlagsAreAVersionTwoTrailingScalar) {
+TEST(BundleOpen, ValuesAreTrailingScalarsInAFixedOrder) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
-  Args canonical = canonicalArgs(forwardKey());
-  Args withFlags = canonical;
-  withFlags.push_back({"flags", 0, "i64"});
-  Args flagsFirst = canonical;
-  flagsFirst.insert(flagsFirst.begin(), {"flags", 0, "i64"});
-  Args flagsAsMemref = canonical;
-  flagsAsMemref.push_back({"flags", 1, "i64"});
+  const Args canonical = canonicalArgs(forwardKey());
+  ASSERT_EQ(canonical.size(), 11u);
+  auto with = [&](size_t index, std::tuple<std::string, int, std::string> arg) {
+    Args args = canonical;
+    args[index] = std::move(arg);
+    return args;
+  };
+  Args valuesFirst = canonical;
+  std::rotate(valuesFirst.begin(), valuesFirst.begin() + 5, valuesFirst.end());
+  Args swapped = canonical;
+  std::swap(swapped[7], swapped[8]);
   struct Case {
     Args args;
-    int version;
     const char *message; ///< nullptr: the bundle opens
   } cases[] = {
-      {withFlags, 2, nullptr},
-      {canonical, 2, nullptr}, // flags are optional
-      {withFlags, 1,
-       "argument role \"flags\" needs bundle format version 2, the manifest "
-       "is version 1"},
-      {flagsFirst, 2, "argument role \"flags\" must be the last argument"},
-      {flagsAsMemref, 2,
-       "argument \"flags\" is i64 of rank 1, expected i64 of rank 0"},
+      {canonical, nullptr},
+      {with(5, {"flags", 1, "i64"}),
+       "argument \"flags\" is i64 of rank 1, expected i64 of rank 0 (by "
+       "value)"},
+      {with(6, {"ignore_index", 0, "i32"}),
+       "argument \"ignore_index\" is i32 of rank 0, expected i64 of rank 0 "
+       "(by value)"},
+      {with(7, {"label_smoothing", 0, "i64"}),
+       "argument \"label_smoothing\" is i64 of rank 0, expected f32 of rank "
+       "0 (by value)"},
+      {with(8, {"z_loss", 0, "bf16"}),
+       "argument \"z_loss\" is bf16 of rank 0, expected f32 of rank 0"},
+      {with(10, {"shard_vocab", 0, "f32"}),
+       "argument \"shard_vocab\" is f32 of rank 0, expected i64 of rank 0"},
+      {valuesFirst, "args[0]: argument role \"flags\" where this variant takes "
+                    "\"logits\""},
+      {swapped, "args[7]: argument role \"z_loss\" where this variant takes "
+                "\"label_smoothing\""},
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.message ? c.message : "opens");
     TempDir dir;
     dir.copyFakeKernels();
     dir.write("manifest.json",
-              manifestJson({{forwardKey(), "fake_forward_flat_flags", c.args}},
-                           c.version));
+              manifestJson({{forwardKey(), "fake_forward_flat", c.args}}));
     ce_bundle *bundle = nullptr;
     ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
     if (!c.message) {
       EXPECT_EQ(status, CE_OK) << ce_last_error_message();
     } else {
       EXPECT_EQ(status, CE_ERROR_BUNDLE);
-      EXPECT_NE(std::string(ce_last_error_message()).find(c.message),
-                std::string::npos)
-          << ce_last_error_message();
+      EXPECT_THAT(ce_last_error_message(), HasSubstr(c.message));
     }
     ce_bundle_close(bundle);
   }
@@ -407,19 +461,19 @@ TEST(BundleOpen, FlagsAreAVersionTwoTrailingScalar) {
 TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
   TempDir dir;
   dir.copyFakeKernels();
-  dir.write("gfx942.hsaco", fakeHsaco(""));
-  std::string manifest = R"({"format": "cegen-bundle", "version": 1,
-    "objects": [{"file": "gfx942.hsaco", "target": "gfx942", "kind": "hsaco"}],
+  std::string object = fakeHsaco("");
+  dir.write("gfx942.hsaco", object);
+  std::string manifest = R"({"format": "cegen-bundle", )" + kVersion + R"(,
+    "objects": [{"file": "gfx942.hsaco", "target": "gfx942", "kind": "hsaco",
+                 "sha256": "HASH"}],
     "kernels": [{"key": "KEY", "target": "gfx942", "object": "gfx942.hsaco",
-                 "symbol": "k", "abi": "memref-descriptor-fields", "args": ARGS}]})";
-  std::string args = "[";
-  for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
-    args += (args.size() > 1 ? ", " : "") +
-            ("{\"role\": \"" + role + "\", \"rank\": " + std::to_string(rank) +
-             ", \"dtype\": \"" + dtype + "\"}");
-  args += "]";
+                 "symbol": "k", "abi": "memref-descriptor-fields", "args": ARGS}],
+    "manifest_sha256": "SEAL"})";
+  manifest = replaceOnce(manifest, "HASH", sha256Of(object));
+  manifest = replaceOnce(manifest, "SEAL", std::string(64, '0'));
   manifest = replaceOnce(manifest, "KEY", forwardKey().str());
-  manifest = replaceOnce(manifest, "ARGS", args);
+  manifest =
+      replaceOnce(manifest, "ARGS", argsJson(canonicalArgs(forwardKey())));
   EXPECT_THAT(openFails(writeBundle(dir, manifest)),
               HasSubstr("missing required key \"kernels[0].launch\""));
   // With a launch shape, a GPU-only bundle opens (nothing is loaded).
@@ -437,30 +491,36 @@ TEST(BundleOpen, GpuKernelsNeedALaunchShape) {
 }
 
 /// A one-kernel GPU manifest for `target` with the given object kind, abi
-/// and launch shape.
+/// and launch shape; the object's hash is that of `objectBytes`.
 std::string gpuManifest(const std::string &target, const std::string &file,
                         const std::string &kind, const std::string &abi,
-                        const std::string &launch) {
-  std::string args = "[";
-  for (auto &[role, rank, dtype] : canonicalArgs(forwardKey()))
-    args += (args.size() > 1 ? ", " : "") +
-            ("{\"role\": \"" + role + "\", \"rank\": " + std::to_string(rank) +
-             ", \"dtype\": \"" + dtype + "\"}");
-  args += "]";
-  return R"({"format": "cegen-bundle", "version": 1, "objects": [{"file": ")" +
-         file + R"(", "target": ")" + target + R"(", "kind": ")" + kind +
-         R"("}], "kernels": [{"key": ")" + forwardKey().str() +
-         R"(", "target": ")" + target + R"(", "object": ")" + file +
-         R"(", "symbol": "ce_forward_0", "abi": ")" + abi + R"(", "launch": )" +
-         launch + R"(, "args": )" + args + "}]}";
+                        const std::string &launch,
+                        const std::string &objectBytes) {
+  return sealManifest(
+      R"({"format": "cegen-bundle", )" + kVersion +
+      R"(, "objects": [{"file": ")" + file + R"(", "target": ")" + target +
+      R"(", "kind": ")" + kind + R"(", "sha256": ")" + sha256Of(objectBytes) +
+      R"("}], "kernels": [{"key": ")" + forwardKey().str() +
+      R"(", "target": ")" + target + R"(", "object": ")" + file +
+      R"(", "symbol": "ce_forward_0", "abi": ")" + abi + R"(", "launch": )" +
+      launch + R"(, "args": )" + argsJson(canonicalArgs(forwardKey())) +
+      R"(}], "manifest_sha256": ")" + std::string(64, '0') + "\"}");
 }
 
 TEST(BundleOpen, GpuKernelsFollowTheGpuAbi) {
   TempDir dir;
-  dir.write("sm_90.ptx", fakePtx(""));
-  dir.write("sm_90.cubin",
-            fakeElf(/*EM_CUDA=*/190, /*ET_EXEC=*/2, /*OS ABI=*/0x33, ""));
-  dir.write("gfx90a.hsaco", fakeHsaco(""));
+  const std::map<std::string, std::string> objects = {
+      {"sm_90.ptx", fakePtx("")},
+      {"sm_90.cubin",
+       fakeElf(/*EM_CUDA=*/190, /*ET_EXEC=*/2, /*OS ABI=*/0x33, "")},
+      {"gfx90a.hsaco", fakeHsaco("")}};
+  for (const auto &[file, bytes] : objects)
+    dir.write(file, bytes);
+  auto gpuManifest = [&](const std::string &target, const std::string &file,
+                         const std::string &kind, const std::string &abi,
+                         const std::string &launch) {
+    return ::gpuManifest(target, file, kind, abi, launch, objects.at(file));
+  };
   const std::string fields = "memref-descriptor-fields";
   const std::string shape =
       R"({"block_size": 1024, "rows_per_block": 1, "lds_bytes": 0})";
@@ -528,20 +588,58 @@ TEST(VariantKey, ParsesOnlyCanonicalKeys) {
   key.logits = ElemType::F16;
   key.labels = ElemType::I32;
   key.layout = LabelLayout::SbvSb;
-  key.ignoreIndex = -100;
-  key.labelSmoothing = 0.1f;
-  key.zLoss = 1e-4f;
+  key.smoothing = true;
+  key.zLoss = true;
   key.overwrite = true;
   key.weights = WeightsKind::Token;
+  EXPECT_EQ(key.str(), "op=fused,logits=f16,labels=i32,layout=sbv_sb,"
+                       "label_smoothing=on,z_loss=on,overwrite=1,"
+                       "weights=token");
   std::optional<KernelVariantKey> parsed = parseKernelVariantKey(key.str());
   ASSERT_TRUE(parsed);
   EXPECT_EQ(parsed->str(), key.str());
-  EXPECT_EQ(parsed->ignoreIndex, -100);
-  EXPECT_EQ(parsed->labelSmoothing, 0.1f);
-  EXPECT_FALSE(parseKernelVariantKey(""));
-  EXPECT_FALSE(parseKernelVariantKey(key.str() + ","));
-  EXPECT_FALSE(parseKernelVariantKey(
-      replaceOnce(key.str(), "ignore_index=-100", "ignore_index=-1e2")));
+  EXPECT_TRUE(parsed->smoothing);
+  EXPECT_TRUE(parsed->zLoss);
+  EXPECT_FALSE(parsed->sharded());
+
+  KernelVariantKey sharded;
+  sharded.op = KernelOp::Backward;
+  sharded.smoothing = true;
+  for (ShardKind kind : {ShardKind::Local, ShardKind::Global}) {
+    sharded.shard = kind;
+    SCOPED_TRACE(sharded.str());
+    EXPECT_EQ(sharded.str(),
+              "op=backward,logits=bf16,labels=i64,layout=flat,"
+              "label_smoothing=on,z_loss=off,overwrite=0,weights=none,shard=" +
+                  std::string(stringify(kind)));
+    parsed = parseKernelVariantKey(sharded.str());
+    ASSERT_TRUE(parsed);
+    EXPECT_EQ(parsed->shard, kind);
+    EXPECT_EQ(parsed->str(), sharded.str());
+  }
+
+  sharded.shard = ShardKind::Local;
+  for (const std::string &bad :
+       {std::string(""), key.str() + ",", "," + key.str(),
+        replaceOnce(key.str(), "label_smoothing=on", "label_smoothing=0.1"),
+        replaceOnce(key.str(), "z_loss=on", "z_loss=1e-4"),
+        replaceOnce(key.str(), "z_loss=on", "z_loss=On"),
+        replaceOnce(key.str(), "overwrite=1", "overwrite=true"),
+        replaceOnce(key.str(), "op=fused,", ""),
+        replaceOnce(key.str(), ",weights=token", ""), key.str() + ",shard=none",
+        key.str() + ",shard=",
+        replaceOnce(sharded.str(), "shard=local", "shard=5/10/local"),
+        sharded.str() + ",x=1",
+        // Version 2 keys held the values.
+        std::string("op=forward,logits=bf16,labels=i64,layout=sbv_bs,"
+                    "ignore_index=-100,label_smoothing=0.1,z_loss=0,"
+                    "overwrite=0,weights=none"),
+        std::string("op=forward,logits=bf16,labels=i64,layout=sbv_bs,"
+                    "ignore_index=none,label_smoothing=0,z_loss=0,"
+                    "overwrite=0,weights=none")}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(parseKernelVariantKey(bad));
+  }
 }
 
 TEST(StatusString, NamesEveryCode) {

@@ -23,11 +23,11 @@ using ::testing::HasSubstr;
 
 namespace {
 
-/// A version 2 bundle of the fake kernels whose object lists `features`.
+/// A bundle of the fake kernels whose object lists `features`.
 std::string bundleWithFeatures(const TempDir &dir,
                                const std::string &features) {
   KernelVariantKey key;
-  std::string manifest = manifestJson({{key, "fake_forward_flat", {}}}, 2);
+  std::string manifest = manifestJson({{key, "fake_forward_flat", {}}});
   const std::string kind = "\"kind\": \"shared-object\"";
   size_t at = manifest.find(kind);
   EXPECT_NE(at, std::string::npos);

@@ -4,9 +4,10 @@
 // fake_gpu_driver.c built as libcuda.so.1 and libamdhip64.so, so the
 // runtime's CUDA and HIP backends run their real code paths (target
 // selection, contexts, module and function caching, the kernel parameter
-// ABI, grid and block, streams, graph capture, label status words) on a
-// machine without a GPU. The fake records each launch's parameters; the test
-// plays the kernel's part by writing the status word it was given.
+// ABI: the descriptor fields, then the six option values by value, an f32
+// as 4 bytes; grid and block, streams, graph capture, label status words)
+// on a machine without a GPU. The fake records each launch's parameters; the
+// test plays the kernel's part by writing the status word it was given.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +20,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <dlfcn.h>
 #include <fstream>
 #include <set>
@@ -71,18 +73,39 @@ void *primaryOf(int device) {
   return reinterpret_cast<void *>(uintptr_t(0x1000 + device));
 }
 
+/// The value parameters after the descriptor fields (flags, ignore_index,
+/// label_smoothing, z_loss, shard_start, shard_vocab).
+constexpr int kValueParams = 6;
+
+/// The byte size of each kernel parameter of `key`, one digit each (the
+/// fake driver's SIZES): 8 per descriptor field, 8 per i64 value, 4 per f32
+/// value.
+std::string paramSizes(const KernelVariantKey &key) {
+  std::string sizes;
+  for (auto &[role, rank, dtype] : canonicalArgs(key))
+    if (isValueArg(role))
+      sizes += dtype == "f32" ? "4" : "8";
+    else
+      sizes += std::string(3 + 2 * rank, '8');
+  return sizes;
+}
+
 int paramCount(const KernelVariantKey &key) {
-  int count = 0;
-  for (auto &arg : canonicalArgs(key))
-    count += 3 + 2 * std::get<1>(arg);
-  return count;
+  return int(paramSizes(key).size());
+}
+
+/// The 8-byte parameter slot the fake records for an f32 value: its 4 bytes
+/// first, the rest zero (the driver reads 4).
+uint64_t f32Param(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
 }
 
 struct GpuKernelSpec {
   KernelVariantKey key;
   std::string symbol;
   int64_t minVocab = 0; ///< launch.min_vocab, written when not 0
-  bool flags = false;   ///< takes the run-time flags (a version 2 manifest)
 };
 
 /// The fake code object for `target` (PTX or an HSACO) carrying `text`.
@@ -91,9 +114,9 @@ std::string gpuObject(const std::string &target, const std::string &text) {
 }
 
 /// A bundle directory for GPU targets: one fake code object per target whose
-/// text lists each kernel's symbol and parameter count (unless
-/// `listKernels` is false), and a manifest that records each object's
-/// SHA-256.
+/// text lists each kernel's symbol, parameter count and parameter sizes
+/// (unless `listKernels` is false), and a sealed manifest that records each
+/// object's SHA-256.
 class GpuBundle {
 public:
   GpuBundle(const std::vector<std::string> &targets,
@@ -102,15 +125,14 @@ public:
             const std::string &objectText = "", bool mustOpen = true,
             bool listKernels = true) {
     std::string objects, entries;
-    int version = 1;
     for (const std::string &target : targets) {
       bool cuda = target.rfind("sm_", 0) == 0;
       std::string file = target + (cuda ? ".ptx" : ".hsaco");
       std::string text = objectText;
       for (const GpuKernelSpec &kernel : kernels)
         if (listKernels)
-          text += kernel.symbol + " " +
-                  std::to_string(paramCount(kernel.key) + kernel.flags) + "\n";
+          text += kernel.symbol + " " + std::to_string(paramCount(kernel.key)) +
+                  " " + paramSizes(kernel.key) + "\n";
       std::string object = gpuObject(target, text);
       dir.write(file, object);
       objects += std::string(objects.empty() ? "" : ", ") + "{\"file\": \"" +
@@ -118,15 +140,7 @@ public:
                  (cuda ? "ptx" : "hsaco") + "\", \"sha256\": \"" +
                  sha256Of(object) + "\"}";
       for (const GpuKernelSpec &kernel : kernels) {
-        std::string args;
-        for (auto &[role, rank, dtype] : canonicalArgs(kernel.key))
-          args += std::string(args.empty() ? "" : ", ") + "{\"role\": \"" +
-                  role + "\", \"rank\": " + std::to_string(rank) +
-                  ", \"dtype\": \"" + dtype + "\"}";
-        if (kernel.flags) {
-          args += ", {\"role\": \"flags\", \"rank\": 0, \"dtype\": \"i64\"}";
-          version = 2;
-        }
+        std::string args = argsJson(canonicalArgs(kernel.key));
         entries += std::string(entries.empty() ? "" : ",\n") + "{\"key\": \"" +
                    kernel.key.str() + "\", \"target\": \"" + target +
                    "\", \"object\": \"" + file + "\", \"symbol\": \"" +
@@ -136,20 +150,18 @@ public:
                    std::to_string(blockSize) +
                    ", \"rows_per_block\": " + std::to_string(rowsPerBlock) +
                    ", \"lds_bytes\": " + std::to_string(ldsBytes) +
-                   (kernel.minVocab ? ", \"min_vocab\": " +
-                                          std::to_string(kernel.minVocab)
-                                    : std::string()) +
-                   "}, \"args\": [" + args + "]}";
+                   (kernel.minVocab
+                        ? ", \"min_vocab\": " + std::to_string(kernel.minVocab)
+                        : std::string()) +
+                   "}, \"args\": " + args + "}";
       }
     }
     std::string manifest = "{\"format\": \"cegen-bundle\", \"version\": " +
-                           std::to_string(version) + ", \"objects\": [" +
-                           objects + "], \"kernels\": [" + entries + "]";
-    if (version >= 2)
-      manifest += ", \"manifest_sha256\": \"" + std::string(64, '0') + "\"";
-    manifest += "}";
-    dir.write("manifest.json",
-              version >= 2 ? sealManifest(manifest) : manifest);
+                           std::to_string(CE_RUNTIME_BUNDLE_VERSION) +
+                           ", \"objects\": [" + objects + "], \"kernels\": [" +
+                           entries + "], \"manifest_sha256\": \"" +
+                           std::string(64, '0') + "\"}";
+    dir.write("manifest.json", sealManifest(manifest));
     ce_status status = ce_bundle_open(dir.path().c_str(), &bundle);
     if (mustOpen) {
       EXPECT_EQ(status, CE_OK) << ce_last_error_message();
@@ -220,15 +232,12 @@ protected:
     return index == 2 ? "gfx90a" : "gfx942";
   }
   /// Writes `value` into the status word of the last launch, as a kernel
-  /// that met a bad label does: the last argument's aligned pointer.
-  void kernelReports(int64_t value) {
-    int64_t *word =
-        reinterpret_cast<int64_t *>(state().params[state().numParams - 5 + 1]);
-    *word = value;
-  }
+  /// that met a bad label does: the last tensor's aligned pointer (its
+  /// descriptor's 5 fields come before the values).
+  void kernelReports(int64_t value) { *lastStatusWord() = value; }
   int64_t *lastStatusWord() {
     return reinterpret_cast<int64_t *>(
-        state().params[state().numParams - 5 + 1]);
+        state().params[state().numParams - kValueParams - 5 + 1]);
   }
 };
 
@@ -285,18 +294,28 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.params[24], 0u);
   EXPECT_EQ(s.params[25], 1u);
   EXPECT_EQ(s.params[26], 1u);
+  // The values, all 0 by default, last.
+  ASSERT_EQ(s.numParams, 27 + kValueParams);
+  for (int i = 27; i < 27 + kValueParams; ++i)
+    EXPECT_EQ(s.params[i], 0u) << "parameter " << i;
   EXPECT_EQ(*lastStatusWord(), 0);
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
 
-TEST_P(GpuTest, FlagsAreTheLastParameterByValue) {
+TEST_P(GpuTest, OptionValuesFollowTheDescriptorsByValue) {
+  // Every value distinct, so that two swapped, one dropped, or one passed
+  // in the wrong type (an f32 as a double, an i64 as an i32) shows.
   KernelVariantKey key = forwardKey();
-  GpuKernelSpec spec{key, "ce_forward_0"};
-  spec.flags = true;
-  GpuBundle bundle({target()}, {spec});
+  key.smoothing = true;
+  key.zLoss = true;
+  GpuBundle bundle({target()}, {{key, "ce_forward_0"}});
   GpuProblem p(device(), 0);
   ce_options options;
   ce_options_init(&options);
+  options.has_ignore_index = 1;
+  options.ignore_index = -7;
+  options.label_smoothing = 0.125f;
+  options.z_loss = 3.0e-4f;
   for (ce_label_policy policy :
        {CE_LABEL_POLICY_MEGATRON, CE_LABEL_POLICY_STRICT}) {
     SCOPED_TRACE(policy);
@@ -306,12 +325,59 @@ TEST_P(GpuTest, FlagsAreTheLastParameterByValue) {
               CE_OK)
         << ce_last_error_message();
     const FakeGpuState &s = state();
-    ASSERT_EQ(s.numParams, paramCount(key) + 1);
-    EXPECT_EQ(s.params[s.numParams - 1], policy == CE_LABEL_POLICY_MEGATRON
-                                             ? uint64_t(kFlagMegatronLabels)
-                                             : 0u);
+    ASSERT_EQ(s.numParams, paramCount(key));
+    const uint64_t *values = s.params + s.numParams - kValueParams;
+    uint64_t flags = kFlagIgnoreIndex;
+    if (policy == CE_LABEL_POLICY_MEGATRON)
+      flags |= kFlagMegatronLabels;
+    EXPECT_EQ(values[0], flags);
+    EXPECT_EQ(values[1], uint64_t(int64_t{-7}));
+    EXPECT_EQ(values[2], f32Param(0.125f));
+    EXPECT_EQ(values[3], f32Param(3.0e-4f));
+    EXPECT_EQ(values[4], 0u);
+    EXPECT_EQ(values[5], 0u);
     EXPECT_EQ(s.params[0], uint64_t(uintptr_t(p.logits.data())));
   }
+  EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+}
+
+TEST_P(GpuTest, ShardBoundsFollowTheDescriptorsByValue) {
+  // A backward over the slice [5, 5 + V) of a vocabulary of 64 with
+  // Megatron's local smoothing.
+  KernelVariantKey key = forwardKey();
+  key.op = KernelOp::Backward;
+  key.smoothing = true;
+  key.shard = ShardKind::Local;
+  GpuBundle bundle({target()}, {{key, "ce_backward_0"}});
+  GpuProblem p(device(), 0);
+  std::vector<float> gradLoss(p.n, 1.0f), grad(p.n * p.v);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.n, p.v});
+  for (ce_tensor *t : {&tGradLoss, &tGrad}) {
+    t->device = device();
+    t->device_index = 0;
+  }
+  ce_options options;
+  ce_options_init(&options);
+  options.label_smoothing = 0.5f;
+  options.shard_start = 5;
+  options.shard_vocab = 64;
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &tGrad, fakeStream(7)),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeGpuState &s = state();
+  EXPECT_STREQ(s.symbol, "ce_backward_0");
+  ASSERT_EQ(s.numParams, paramCount(key));
+  const uint64_t *values = s.params + s.numParams - kValueParams;
+  EXPECT_EQ(values[0], 0u);
+  EXPECT_EQ(values[2], f32Param(0.5f));
+  EXPECT_EQ(values[3], f32Param(0.0f));
+  EXPECT_EQ(values[4], 5u);
+  EXPECT_EQ(values[5], 64u);
+  // The gradient's descriptor comes right before the status word's.
+  EXPECT_EQ(s.params[s.numParams - kValueParams - 5 - 7 + 1],
+            uint64_t(uintptr_t(grad.data())));
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
 
@@ -470,7 +536,7 @@ TEST_P(GpuTest, LoadAndSymbolErrors) {
   {
     // The object lists another symbol than the manifest names.
     GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}}, 256, 1, 0,
-                     "some_other_kernel 27\n", /*mustOpen=*/true,
+                     "some_other_kernel 33\n", /*mustOpen=*/true,
                      /*listKernels=*/false);
     GpuProblem p(device(), 0);
     EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BUNDLE);
@@ -496,7 +562,7 @@ TEST_P(GpuTest, AnObjectChangedAfterOpenIsNotLoaded) {
     // Another run's object, as well formed as the first.
     GpuBundle bundle({target()}, {{forwardKey(), "ce_forward_0"}});
     std::ofstream(bundle.path() + "/" + file, std::ios::binary)
-        << gpuObject(target(), "ce_forward_0 27\n# another run\n");
+        << gpuObject(target(), "ce_forward_0 33\n# another run\n");
     int64_t loads = state().moduleLoads;
     GpuProblem p(device(), 0);
     EXPECT_EQ(p.forward(bundle.get(), nullptr), CE_ERROR_BUNDLE);
@@ -522,12 +588,12 @@ TEST_P(GpuTest, AnObjectChangedAfterOpenIsNotLoaded) {
 
 TEST_P(GpuTest, BadLabelsAreReportedByTheCheckNotTheLaunch) {
   KernelVariantKey key = forwardKey();
-  key.ignoreIndex = -100;
   GpuBundle bundle({target()}, {{key, "ce_forward_0"}});
   GpuProblem p(device(), 0);
   ce_options options;
   ce_options_init(&options);
   options.has_ignore_index = 1;
+  EXPECT_EQ(options.ignore_index, -100); // ce_options_init's
   p.labels[3 * 3] = 12345;
   void *stream = fakeStream(8);
   state().idle = 0; // the GPU is still busy

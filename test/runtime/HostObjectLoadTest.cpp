@@ -117,7 +117,7 @@ std::string loadedName(void *object) {
 std::string buildA() { return fakeKernelBytes(); }
 std::string buildB() { return readFile(CE_FAKE_KERNELS_B_PATH); }
 
-/// Writes a version 2 bundle of `object` into `dir`, the object by writing
+/// Writes a bundle of `object` into `dir`, the object by writing
 /// a new file and renaming it over the old one (a new inode, as a cache or
 /// an atomic copy makes).
 void writeBundleAtomically(const std::string &dir, const std::string &object) {
@@ -127,8 +127,8 @@ void writeBundleAtomically(const std::string &dir, const std::string &object) {
   }
   std::filesystem::rename(dir + "/.new", dir + "/" + kObject);
   std::ofstream(dir + "/manifest.json", std::ios::binary | std::ios::trunc)
-      << manifestJson({{forwardKey(), "fake_forward_flat", {}}}, 2,
-                      sha256Of(object));
+      << manifestJson({{forwardKey(), "fake_forward_flat", {}}},
+                      CE_RUNTIME_BUNDLE_VERSION, sha256Of(object));
 }
 
 /// Rewrites the object of `dir` in place (the same inode) with `object`,
@@ -137,8 +137,8 @@ void rewriteInPlace(const std::string &dir, const std::string &object) {
   std::ofstream(dir + "/" + kObject, std::ios::binary | std::ios::trunc)
       << object;
   std::ofstream(dir + "/manifest.json", std::ios::binary | std::ios::trunc)
-      << manifestJson({{forwardKey(), "fake_forward_flat", {}}}, 2,
-                      sha256Of(object));
+      << manifestJson({{forwardKey(), "fake_forward_flat", {}}},
+                      CE_RUNTIME_BUNDLE_VERSION, sha256Of(object));
 }
 
 ino_t inodeOf(const std::string &path) {

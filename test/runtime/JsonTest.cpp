@@ -388,13 +388,13 @@ TEST(Json, LineAndColumnCountBytesAfterTheLastNewline) {
   EXPECT_EQ(error.column, 7u);
 }
 
-/// A version 2 manifest with two kernels and strings that hold escapes,
-/// surrogate pairs and multi-byte UTF-8, which a cut may split.
+/// A manifest with two kernels and strings that hold escapes, surrogate
+/// pairs and multi-byte UTF-8, which a cut may split.
 std::string richManifest() {
   KernelVariantKey backward = forwardKey(LabelLayout::SbvSb);
   backward.op = KernelOp::Backward;
   std::string text = manifestJson(
-      {{forwardKey(), "fake_forward_flat", {}}, {backward, "b", {}}}, 2);
+      {{forwardKey(), "fake_forward_flat", {}}, {backward, "b", {}}});
   size_t at = text.find("runtime_bundle_test");
   text.insert(at + 19, " \\\"\\u00e9\\ud83d\\ude00 \xc3\xa9\xf0\x9f\x98\x80"
                        " -12.5e-3");

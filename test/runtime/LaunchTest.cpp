@@ -3,16 +3,20 @@
 // The fake kernels (fake_kernels.c) record the descriptors they receive and
 // write outputs that depend on the inputs through their strides, so these
 // tests see exactly what crossed the ABI: pointers, offsets, sizes, strides
-// and argument order, the token-to-row mapping of each layout, the status
-// word, and the empty-batch and device rules.
+// and argument order, the option values passed by value after the
+// descriptors (bundle format version 3), the token-to-row mapping of each
+// layout, the status word, and the empty-batch and device rules.
 //
 //===----------------------------------------------------------------------===//
 
 #include "TestBundle.h"
 
+#include "ce/runtime/BundleAbi.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -40,16 +44,21 @@ KernelVariantKey makeKey(KernelOp op, LabelLayout layout,
   return key;
 }
 
+/// `key` with smoothing and z-loss on or off.
+KernelVariantKey withTerms(KernelVariantKey key, bool smoothing, bool zLoss) {
+  key.smoothing = smoothing;
+  key.zLoss = zLoss;
+  return key;
+}
+
 /// Every fake variant the launch tests use.
 std::vector<KernelSpec> allFakeKernels() {
   KernelVariantKey i32 = forwardKey();
   i32.labels = ElemType::I32;
-  KernelVariantKey ignoring = forwardKey();
-  ignoring.ignoreIndex = -100;
   return {
       {forwardKey(), "fake_forward_flat", {}},
       {i32, "fake_forward_flat_i32", {}},
-      {ignoring, "fake_forward_flat", {}},
+      {withTerms(forwardKey(), true, true), "fake_forward_flat", {}},
       {forwardKey(LabelLayout::SbvBs), "fake_forward_bs", {}},
       {forwardKey(LabelLayout::SbvSb), "fake_forward_sb", {}},
       {makeKey(KernelOp::Backward, LabelLayout::Flat),
@@ -146,45 +155,201 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   EXPECT_EQ(p.lse[p.n], kPoison);
 }
 
-TEST(Launch, FlagsArePassedByValue) {
-  auto args = canonicalArgs(forwardKey());
-  args.push_back({"flags", 0, "i64"});
-  FakeBundle bundle({{forwardKey(), "fake_forward_flat_flags", args}},
-                    /*version=*/2);
-  FlatProblem p;
-  ce_options options = defaultOptions();
-  for (ce_label_policy policy :
-       {CE_LABEL_POLICY_MEGATRON, CE_LABEL_POLICY_STRICT}) {
-    SCOPED_TRACE(policy);
-    options.label_policy = policy;
-    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                         &p.tLoss, &p.tLse, nullptr),
-              CE_OK)
-        << ce_last_error_message();
-    EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
-    EXPECT_EQ(bundle.record().flags,
-              policy == CE_LABEL_POLICY_MEGATRON
-                  ? static_cast<int64_t>(kFlagMegatronLabels)
-                  : int64_t{0});
-    EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
-  }
+/// The value arguments the fake kernels of `bundle` received last.
+KernelValues receivedValues(const FakeBundle &bundle) {
+  const FakeRecord &r = bundle.record();
+  return {r.flags, r.ignoreIndex, r.labelSmoothing,
+          r.zLoss, r.shardStart,  r.shardVocab};
 }
 
-TEST(Launch, LabelPolicyNeedsAKernelWithFlags) {
+void expectValues(const KernelValues &got, const KernelValues &want) {
+  EXPECT_EQ(got.flags, want.flags);
+  EXPECT_EQ(got.ignoreIndex, want.ignoreIndex);
+  EXPECT_EQ(got.labelSmoothing, want.labelSmoothing);
+  EXPECT_EQ(got.zLoss, want.zLoss);
+  EXPECT_EQ(got.shardStart, want.shardStart);
+  EXPECT_EQ(got.shardVocab, want.shardVocab);
+}
+
+TEST(Launch, OptionValuesArePassedByValue) {
+  // Every value distinct, so that two values swapped, dropped or passed in
+  // the wrong type (a float as a double, an i64 as an i32) show.
   FakeBundle bundle(allFakeKernels());
   FlatProblem p;
   ce_options options = defaultOptions();
+  options.has_ignore_index = 1;
+  options.ignore_index = -7;
+  options.label_smoothing = 0.125f;
+  options.z_loss = 3.0e-4f;
   options.label_policy = CE_LABEL_POLICY_MEGATRON;
-  int64_t callsBefore = bundle.calls();
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
+  expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
+                                        -7, 0.125f, 3.0e-4f, 0, 0});
+  EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
+
+  // Each flag on its own; without an ignore_index its bit is off (its
+  // value is then not read, and not checked here).
+  options.label_policy = CE_LABEL_POLICY_STRICT;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().flags, int64_t{kFlagIgnoreIndex});
+  EXPECT_EQ(bundle.record().ignoreIndex, -7);
+  options.has_ignore_index = 0;
+  options.label_policy = CE_LABEL_POLICY_MEGATRON;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().flags, int64_t{kFlagMegatronLabels});
+  EXPECT_EQ(bundle.record().labelSmoothing, 0.125f);
+  EXPECT_EQ(bundle.record().zLoss, 3.0e-4f);
+  // The defaults: every value 0.
+  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, 0});
+}
+
+TEST(Launch, ShardBoundsArePassedByValue) {
+  // A slice [3, 3 + V) of a vocabulary of 40 with global smoothing: the
+  // backward and shard_stats kernels get the bounds as values.
+  KernelVariantKey backward = makeKey(KernelOp::Backward, LabelLayout::Flat);
+  backward.smoothing = true;
+  backward.shard = ShardKind::Global;
+  KernelVariantKey stats = forwardKey();
+  stats.op = KernelOp::ShardStats;
+  stats.smoothing = true;
+  stats.shard = ShardKind::Global;
+  FakeBundle bundle({{backward, "fake_backward_flat", {}},
+                     {stats, "fake_shard_stats_flat", {}}});
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  options.has_ignore_index = 1;
+  options.ignore_index = -100;
+  options.label_smoothing = 0.25f;
+  options.shard_start = 3;
+  options.shard_vocab = 40;
+  options.shard_global_smoothing = 1;
+  std::vector<float> gradLoss(p.n, 1.0f);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 6);
+  expectValues(receivedValues(bundle),
+               {kFlagIgnoreIndex, -100, 0.25f, 0.0f, 3, 40});
+
+  std::vector<float> statsOut(p.n * 4);
+  ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
+  options.shard_start = 7;
+  ASSERT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                           &tStats, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 4);
+  expectValues(receivedValues(bundle),
+               {kFlagIgnoreIndex, -100, 0.25f, 0.0f, 7, 40});
+  EXPECT_EQ(bundle.record().aligned[2], statsOut.data());
+}
+
+TEST(Launch, TheKernelHonorsTheValuesItIsGiven) {
+  // End to end through the fake's label rules: a label equal to the
+  // request's ignore_index is ignored (loss 0, no report) only with that
+  // value; under Megatron's policy an out-of-range label is not reported.
+  FakeBundle bundle(allFakeKernels());
+  ce_options options = defaultOptions();
+  options.has_ignore_index = 1;
+  options.ignore_index = -7;
+  FlatProblem p;
+  p.labels[3 * 2] = -7;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(p.loss[2 * 2], 0.0f);
+  EXPECT_EQ(p.loss[2 * 1], 1.5f);
+  options.ignore_index = -8;
   EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
                        &p.tLse, nullptr),
-            CE_ERROR_VARIANT_NOT_FOUND);
-  EXPECT_NE(
-      std::string(ce_last_error_message()).find("takes no run-time flags"),
-      std::string::npos)
+            CE_ERROR_LABEL_OUT_OF_RANGE);
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr("token 2 (n=2): label -7 is not in [0, 7) and is not "
+                        "the ignore_index -8"));
+  options.label_policy = CE_LABEL_POLICY_MEGATRON;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.calls(), callsBefore);
+  EXPECT_EQ(p.loss[2 * 2], 1.5f);
+}
 
+TEST(Launch, AZeroCoefficientIsServedByAKernelThatComputesTheTerm) {
+  // A kernel with smoothing or z-loss "on" computes the plain loss for a
+  // coefficient of 0, so the runtime falls back to it when the bundle lacks
+  // the "off" kernel; it prefers the request's own variant. The "on" kernel
+  // here reports a status that names no token, so taking it shows.
+  FlatProblem p;
+  KernelVariantKey off = forwardKey();
+  KernelVariantKey on = withTerms(forwardKey(), true, true);
+  KernelVariantKey smoothingOnly = withTerms(forwardKey(), true, false);
+  ce_options zeros = defaultOptions();
+  ce_options smoothing = defaultOptions();
+  smoothing.label_smoothing = 0.1f;
+  ce_options zLoss = defaultOptions();
+  zLoss.z_loss = 1e-4f;
+  {
+    FakeBundle bundle({{off, "fake_forward_flat", {}},
+                       {on, "fake_forward_flat_bad_status", {}}});
+    EXPECT_EQ(ce_forward(bundle.get(), &zeros, &p.tLogits, &p.tLabels, &p.tLoss,
+                         &p.tLse, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ce_options both = smoothing;
+    both.z_loss = 1e-4f;
+    EXPECT_EQ(ce_forward(bundle.get(), &both, &p.tLogits, &p.tLabels, &p.tLoss,
+                         &p.tLse, nullptr),
+              CE_ERROR_BACKEND);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr("names no token"));
+  }
+  {
+    FakeBundle bundle({{on, "fake_forward_flat", {}}});
+    for (const ce_options *options : {&zeros, &smoothing, &zLoss}) {
+      EXPECT_EQ(ce_forward(bundle.get(), options, &p.tLogits, &p.tLabels,
+                           &p.tLoss, &p.tLse, nullptr),
+                CE_OK)
+          << ce_last_error_message();
+      expectValues(receivedValues(bundle),
+                   {0, 0, options->label_smoothing, options->z_loss, 0, 0});
+    }
+  }
+  {
+    // No kernel with z-loss: a non-zero z_loss is not served.
+    FakeBundle bundle({{smoothingOnly, "fake_forward_flat", {}}});
+    EXPECT_EQ(ce_forward(bundle.get(), &zeros, &p.tLogits, &p.tLabels, &p.tLoss,
+                         &p.tLse, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    EXPECT_EQ(ce_forward(bundle.get(), &zLoss, &p.tLogits, &p.tLabels, &p.tLoss,
+                         &p.tLse, nullptr),
+              CE_ERROR_VARIANT_NOT_FOUND);
+    EXPECT_THAT(
+        ce_last_error_message(),
+        HasSubstr("\"" + withTerms(forwardKey(), false, true).str() + "\""));
+  }
+}
+
+TEST(Launch, UnknownLabelPolicyIsAnError) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  ce_options options = defaultOptions();
   setRawEnum(options.label_policy, 2);
   EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
                        &p.tLse, nullptr),
@@ -193,6 +358,7 @@ TEST(Launch, LabelPolicyNeedsAKernelWithFlags) {
                 .find("options->label_policy: must be CE_LABEL_POLICY_STRICT"),
             std::string::npos)
       << ce_last_error_message();
+  EXPECT_EQ(bundle.calls(), 0);
 }
 
 TEST(Launch, NullOptionsMeanDefaults) {
@@ -204,23 +370,23 @@ TEST(Launch, NullOptionsMeanDefaults) {
       << ce_last_error_message();
 }
 
-TEST(Launch, ArgumentOrderFollowsTheManifest) {
-  std::vector<std::tuple<std::string, int, std::string>> reversed = {
-      {"status", 1, "i64"},
-      {"lse", 1, "f32"},
-      {"loss", 1, "f32"},
-      {"labels", 1, "i64"},
-      {"logits", 2, "f32"}};
-  FakeBundle bundle({{forwardKey(), "fake_forward_flat_reversed", reversed}});
-  FlatProblem p;
-  ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
-                       &p.tLse, nullptr),
-            CE_OK)
-      << ce_last_error_message();
-  for (int64_t i = 0; i < p.n; ++i) {
-    EXPECT_EQ(p.loss[2 * i], 1.5f);
-    EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
-  }
+TEST(Launch, ArgumentsInAnotherOrderAreRefusedAtOpen) {
+  // The runtime calls a kernel with its tensors, then the values, in the
+  // ABI's order; a manifest that lists another order cannot be honored (the
+  // C signature is fixed), so the bundle does not open, and no kernel is
+  // called with arguments in the wrong places.
+  auto reversed = canonicalArgs(forwardKey());
+  std::reverse(reversed.begin(), reversed.begin() + 5);
+  TempDir dir;
+  dir.copyFakeKernels();
+  dir.write("manifest.json",
+            manifestJson({{forwardKey(), "fake_forward_flat", reversed}}));
+  ce_bundle *bundle = nullptr;
+  EXPECT_EQ(ce_bundle_open(dir.path().c_str(), &bundle), CE_ERROR_BUNDLE);
+  EXPECT_EQ(bundle, nullptr);
+  EXPECT_THAT(ce_last_error_message(),
+              HasSubstr(".args[0]: argument role \"status\" where this "
+                        "variant takes \"logits\""));
 }
 
 TEST(Launch, Int32Labels) {
@@ -554,9 +720,9 @@ TEST(Launch, MissingVariantSaysHowToGenerateIt) {
   ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
                        &tLse, nullptr),
             CE_ERROR_VARIANT_NOT_FOUND);
+  // The key names no value: smoothing is on, the ignore_index is not in it.
   KernelVariantKey wanted = forwardKey(LabelLayout::SbvSb);
-  wanted.ignoreIndex = -100;
-  wanted.labelSmoothing = 0.1f;
+  wanted.smoothing = true;
   std::string message = ce_last_error_message();
   EXPECT_THAT(message, HasSubstr("ce_forward: kernel variant not found"));
   EXPECT_THAT(message, HasSubstr("\"" + wanted.str() + "\""));
@@ -564,6 +730,8 @@ TEST(Launch, MissingVariantSaysHowToGenerateIt) {
   EXPECT_THAT(message,
               HasSubstr("ce-gen --target=host -o DIR --variant=" +
                         wanted.str() + "`"));
+  EXPECT_THAT(message, HasSubstr("(or `ce-gen --all`, every variant of the "
+                                 "target)"));
   EXPECT_THAT(message, HasSubstr("nearest: \"" + forwardKey().str() + "\""));
   EXPECT_EQ(bundle.calls(), 0);
 }

@@ -51,7 +51,33 @@ canonicalArgs(const KernelVariantKey &key) {
     break;
   }
   args.push_back({"status", 1, "i64"});
+  for (const char *role : {"flags", "ignore_index"})
+    args.push_back({role, 0, "i64"});
+  for (const char *role : {"label_smoothing", "z_loss"})
+    args.push_back({role, 0, "f32"});
+  for (const char *role : {"shard_start", "shard_vocab"})
+    args.push_back({role, 0, "i64"});
   return args;
+}
+
+bool isValueArg(const std::string &role) {
+  for (const char *value : {"flags", "ignore_index", "label_smoothing",
+                            "z_loss", "shard_start", "shard_vocab"})
+    if (role == value)
+      return true;
+  return false;
+}
+
+std::string
+argsJson(const std::vector<std::tuple<std::string, int, std::string>> &args) {
+  std::string json = "[";
+  for (size_t a = 0; a < args.size(); ++a) {
+    json += a ? ", " : "";
+    json += "{\"role\": \"" + std::get<0>(args[a]) +
+            "\", \"rank\": " + std::to_string(std::get<1>(args[a])) +
+            ", \"dtype\": \"" + std::get<2>(args[a]) + "\"}";
+  }
+  return json + "]";
 }
 
 std::string manifestJson(const std::vector<KernelSpec> &kernels, int version,
@@ -77,14 +103,9 @@ std::string manifestJson(const std::vector<KernelSpec> &kernels, int version,
     json += i ? ",\n    {" : "\n    {";
     json += "\"key\": \"" + spec.key.str() + "\", \"target\": \"host\", ";
     json += "\"object\": \"host-x86_64.so\", \"symbol\": \"" + spec.symbol +
-            "\", \"abi\": \"memref-descriptor-pointers\",\n      \"args\": [";
-    for (size_t a = 0; a < args.size(); ++a) {
-      json += a ? ", " : "";
-      json += "{\"role\": \"" + std::get<0>(args[a]) +
-              "\", \"rank\": " + std::to_string(std::get<1>(args[a])) +
-              ", \"dtype\": \"" + std::get<2>(args[a]) + "\"}";
-    }
-    json += "],\n      \"launch\": {\"block_size\": 0, \"rows_per_block\": 0, "
+            "\", \"abi\": \"memref-descriptor-pointers\",\n      \"args\": " +
+            argsJson(args) +
+            ",\n      \"launch\": {\"block_size\": 0, \"rows_per_block\": 0, "
             "\"lds_bytes\": 0}}";
   }
   json += "\n  ]";
@@ -117,6 +138,14 @@ std::string sealManifest(std::string text) {
   text.replace(at, 64, std::string(64, '0'));
   text.replace(at, 64, sha256Of(text));
   return text;
+}
+
+std::string resealIfSealed(std::string text) {
+  const std::string key = "\"manifest_sha256\": \"";
+  size_t at = text.find(key);
+  if (at == std::string::npos || text.size() < at + key.size() + 64)
+    return text;
+  return sealManifest(std::move(text));
 }
 
 std::string fakePtx(const std::string &payload) {

@@ -34,7 +34,13 @@ struct FakeRecord {
   int64_t sizes[8][3];
   int64_t strides[8][3];
   int64_t statusOnEntry;
+  /// The value arguments of the last call.
   int64_t flags;
+  int64_t ignoreIndex;
+  float labelSmoothing;
+  float zLoss;
+  int64_t shardStart;
+  int64_t shardVocab;
 };
 
 /// One kernel entry of a manifest.
@@ -46,15 +52,25 @@ struct KernelSpec {
   std::vector<std::tuple<std::string, int, std::string>> args;
 };
 
-/// The canonical args of `key` per docs/bundle-format.md.
+/// The canonical args of `key` per docs/bundle-format.md (version 3): its
+/// tensors, then the six values by value (flags, ignore_index,
+/// label_smoothing, z_loss, shard_start, shard_vocab; rank 0).
 std::vector<std::tuple<std::string, int, std::string>>
 canonicalArgs(const KernelVariantKey &key);
+/// Whether `role` names one of the value arguments (passed by value).
+bool isValueArg(const std::string &role);
+/// `args` as the JSON array a manifest holds.
+std::string
+argsJson(const std::vector<std::tuple<std::string, int, std::string>> &args);
 
-/// The JSON text of a manifest holding `kernels` in host-x86_64.so. From
-/// version 2 on, the object carries `objectSha256` (by default the fake
-/// kernels' SHA-256) and the manifest is sealed (sealManifest).
+/// The JSON text of a manifest holding `kernels` in host-x86_64.so, the
+/// current format version by default. From version 2 on, the object carries
+/// `objectSha256` (by default the fake kernels' SHA-256) and the manifest is
+/// sealed (sealManifest). Older versions are written only for the tests
+/// that the runtime refuses them (their keys and args are version 3's).
 std::string manifestJson(const std::vector<KernelSpec> &kernels,
-                         int version = 1, const std::string &objectSha256 = "");
+                         int version = CE_RUNTIME_BUNDLE_VERSION,
+                         const std::string &objectSha256 = "");
 
 /// The SHA-256 of `bytes` as the manifest spells it (the runtime's
 /// implementation, compiled into the tests; Sha256Test.cpp checks it).
@@ -66,6 +82,10 @@ std::string fakeKernelBytes();
 /// `text` with its `manifest_sha256` value recomputed as ce-gen computes it
 /// (the SHA-256 of the text with that value's digits as zeros).
 std::string sealManifest(std::string text);
+/// sealManifest where `text` holds a whole `manifest_sha256` value (64
+/// characters); `text` unchanged otherwise. For tests that change a sealed
+/// manifest to reach a check that comes after the seal's.
+std::string resealIfSealed(std::string text);
 
 /// A PTX text that passes the runtime's checks, with `payload` (lines
 /// "symbol parameter-count" for fake_gpu_driver.c) before its one function.
@@ -121,7 +141,8 @@ private:
 /// opened through the C API.
 class FakeBundle {
 public:
-  explicit FakeBundle(const std::vector<KernelSpec> &kernels, int version = 1);
+  explicit FakeBundle(const std::vector<KernelSpec> &kernels,
+                      int version = CE_RUNTIME_BUNDLE_VERSION);
   ~FakeBundle();
   FakeBundle(const FakeBundle &) = delete;
   FakeBundle &operator=(const FakeBundle &) = delete;

@@ -116,7 +116,7 @@ std::vector<KernelSpec> validationKernels() {
                        flat ? "fake_backward_flat" : "fake_backward_bs",
                        {}});
     KernelVariantKey stats = keyFor(KernelOp::ShardStats, layout, false);
-    stats.shard = VocabShard{0, 2 * V, false};
+    stats.shard = ShardKind::Local;
     kernels.push_back(
         {stats, flat ? "fake_shard_stats_flat" : "fake_shard_stats_bs", {}});
     if (flat) {

@@ -7,8 +7,13 @@
  * host memory, and records what it was asked in `fake_gpu_state`, which the
  * test reads and steers through dlsym.
  *
- * A "code object" is text: one line per kernel, "SYMBOL PARAM_COUNT", so
- * that a launch knows how many parameters to record. An object containing
+ * A "code object" is text: one line per kernel, "SYMBOL PARAM_COUNT
+ * [SIZES]", so that a launch knows how many parameters to record and, as a
+ * real driver knows from the kernel's signature, how many bytes each one
+ * has: SIZES holds one digit per parameter (8 for a pointer or an i64, 4
+ * for an f32 such as a kernel's label_smoothing and z_loss values); without
+ * it every parameter has 8. A launch copies exactly that many bytes of each
+ * parameter into a zeroed 8-byte record slot. An object containing
  * "bad-ptx" fails to load with a JIT log.
  *
  *===----------------------------------------------------------------------===*/
@@ -62,6 +67,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 typedef struct FakeKernel {
   char symbol[64];
   int32_t numParams;
+  char sizes[MAX_PARAMS + 1]; /* one digit per parameter, or empty */
 } FakeKernel;
 
 typedef struct FakeModule {
@@ -86,7 +92,12 @@ static FakeModule *loadModule(const char *image) {
   const char *line = image;
   while (line && *line && module->count < MAX_KERNELS) {
     FakeKernel *kernel = &module->kernels[module->count];
-    if (sscanf(line, "%63s %d", kernel->symbol, &kernel->numParams) == 2)
+    kernel->sizes[0] = '\0';
+    int fields = sscanf(line, "%63s %d %80[48]", kernel->symbol,
+                        &kernel->numParams, kernel->sizes);
+    /* A line whose SIZES do not match its count lists no kernel. */
+    if (fields == 2 ||
+        (fields == 3 && (int)strlen(kernel->sizes) == kernel->numParams))
       ++module->count;
     line = strchr(line, '\n');
     if (line)
@@ -120,8 +131,11 @@ static void recordLaunch(void *function, unsigned gx, unsigned gy, unsigned gz,
   s->launchContext = s->currentContext;
   s->launchDevice = s->currentDevice;
   s->numParams = kernel->numParams;
-  for (int i = 0; i < kernel->numParams && i < MAX_PARAMS; ++i)
-    memcpy(&s->params[i], params[i], sizeof(uint64_t));
+  for (int i = 0; i < kernel->numParams && i < MAX_PARAMS; ++i) {
+    size_t bytes = kernel->sizes[0] ? (size_t)(kernel->sizes[i] - '0') : 8;
+    s->params[i] = 0;
+    memcpy(&s->params[i], params[i], bytes);
+  }
   pthread_mutex_unlock(&lock);
 }
 

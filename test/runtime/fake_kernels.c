@@ -1,8 +1,11 @@
 /*===- fake_kernels.c - Stand-in host kernels for runtime tests -----------===*
  *
- * Implements the host kernel ABI of docs/bundle-format.md (one pointer per
- * argument, each to an MLIR strided memref descriptor) with trivial bodies
- * whose outputs reveal whether the runtime passed the right descriptors:
+ * Implements the host kernel ABI of docs/bundle-format.md (bundle format
+ * version 3: one pointer per tensor, each to an MLIR strided memref
+ * descriptor, then the six option values by value: int64_t flags, int64_t
+ * ignore_index, float label_smoothing, float z_loss, int64_t shard_start,
+ * int64_t shard_vocab) with trivial bodies whose outputs reveal whether the
+ * runtime passed the right descriptors:
  *
  *   loss[t] = 1.5
  *   lse[t]  = 2.5 + logits[row(t)][label[t]]       (forward, fused)
@@ -12,8 +15,13 @@
  * where row(t) maps the linear token index t (row-major over the labels'
  * shape T) to its logits row per layout. A label outside [0, V) stores
  * 1 + t in status (the first such token) and NaN as that token's outputs,
- * as the contract asks. Every call also records the descriptors it got in
- * `ce_fake_record`, which the tests read through dlsym. Logits are f32.
+ * as the contract asks, with the contract's two exceptions, which read the
+ * value arguments: with flag bit 1 (kFlagIgnoreIndex) a label equal to
+ * ignore_index is ignored (loss 0, lse 2.5, gradient row 0); with bit 0
+ * (kFlagMegatronLabels) no label is reported (loss 1.5, lse 2.5, gradient
+ * row as for a good label). Every call also records the descriptors and the
+ * value arguments it got in `ce_fake_record`, which the tests read through
+ * dlsym. Logits are f32.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -34,7 +42,13 @@ typedef struct FakeRecord {
   int64_t sizes[FAKE_MAX_ARGS][3];
   int64_t strides[FAKE_MAX_ARGS][3];
   int64_t status_on_entry;
-  int64_t flags; /* the by-value flags of the last *_flags kernel */
+  /* The value arguments of the last call. */
+  int64_t flags;
+  int64_t ignore_index;
+  float label_smoothing;
+  float z_loss;
+  int64_t shard_start;
+  int64_t shard_vocab;
 } FakeRecord;
 
 __attribute__((visibility("default"))) FakeRecord ce_fake_record;
@@ -55,8 +69,30 @@ static int64_t size_of(Desc *d, int rank, int i) {
 }
 static int64_t stride_of(Desc *d, int rank, int i) { return d[3 + rank + i]; }
 
-static void record(int n, Desc **descs, const int *ranks) {
+/* The value arguments every kernel takes after its descriptors. */
+typedef struct Values {
+  int64_t flags, ignore_index;
+  float label_smoothing, z_loss;
+  int64_t shard_start, shard_vocab;
+} Values;
+
+#define VALUE_PARAMS                                                           \
+  int64_t flags, int64_t ignore_index, float label_smoothing, float z_loss,    \
+      int64_t shard_start, int64_t shard_vocab
+#define VALUES                                                                 \
+  ((Values){flags, ignore_index, label_smoothing, z_loss, shard_start,         \
+            shard_vocab})
+
+enum { FLAG_MEGATRON_LABELS = 1, FLAG_IGNORE_INDEX = 2 };
+
+static void record(int n, Desc **descs, const int *ranks, Values v) {
   ce_fake_record.calls++;
+  ce_fake_record.flags = v.flags;
+  ce_fake_record.ignore_index = v.ignore_index;
+  ce_fake_record.label_smoothing = v.label_smoothing;
+  ce_fake_record.z_loss = v.z_loss;
+  ce_fake_record.shard_start = v.shard_start;
+  ce_fake_record.shard_vocab = v.shard_vocab;
   ce_fake_record.num_args = n;
   for (int a = 0; a < n; ++a) {
     ce_fake_record.ranks[a] = ranks[a];
@@ -84,6 +120,7 @@ typedef struct Call {
   Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights, *grad,
       *status;
   int weights_rank; /* 0 (scalar) or the token rank */
+  Values values;
 } Call;
 
 static void run(const Call *c) {
@@ -112,15 +149,23 @@ static void run(const Call *c) {
       int64_t label = c->labels_i32
                           ? ((int32_t *)aligned_of(c->labels))[labelOffset]
                           : ((int64_t *)aligned_of(c->labels))[labelOffset];
-      int bad = label < 0 || label >= vocab;
+      int ignored = (c->values.flags & FLAG_IGNORE_INDEX) &&
+                    label == c->values.ignore_index;
+      int outside = !ignored && (label < 0 || label >= vocab);
+      int megatron = (c->values.flags & FLAG_MEGATRON_LABELS) != 0;
+      int bad = outside && !megatron;
       if (bad && *status == 0)
         *status = 1 + t;
-      float target = bad ? NAN : x[rowOffset + label];
+      float target = bad                  ? NAN
+                     : ignored || outside ? 0.0f
+                                          : x[rowOffset + label];
 
       float lse = 0.0f;
       if (c->loss) {
         float *loss = (float *)aligned_of(c->loss);
-        loss[token_offset(c->loss, token_rank, i0, i1)] = bad ? NAN : 1.5f;
+        loss[token_offset(c->loss, token_rank, i0, i1)] = bad       ? NAN
+                                                          : ignored ? 0.0f
+                                                                    : 1.5f;
       }
       if (c->lse_out) {
         lse = 2.5f + target;
@@ -143,6 +188,8 @@ static void run(const Call *c) {
       }
       if (bad)
         value = NAN;
+      if (ignored)
+        value = 0.0f;
       float *grad = (float *)aligned_of(c->grad) + c->grad[2];
       int64_t gradRow;
       if (c->layout == FLAT)
@@ -160,142 +207,140 @@ static void run(const Call *c) {
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* ---- forward: (logits, labels, loss, lse, status) ---- */
+/* ---- forward: (logits, labels, loss, lse, status, values) ---- */
 
 static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
-                    Desc *loss, Desc *lse, Desc *status) {
+                    Desc *loss, Desc *lse, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
   Desc *descs[] = {logits, labels, loss, lse, status};
   int ranks[] = {tr + 1, tr, tr, tr, 1};
-  record(5, descs, ranks);
-  Call c = {layout, labels_i32, logits, labels, loss,   lse,
-            0,      0,          0,      0,      status, 0};
+  record(5, descs, ranks, v);
+  Call c = {layout, labels_i32, logits, labels, loss, lse, 0,
+            0,      0,          0,      status, 0,    v};
   run(&c);
 }
 
-EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
-  forward(FLAT, 0, a, b, c, d, e);
+EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                              VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, VALUES);
 }
-EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
-  forward(FLAT, 1, a, b, c, d, e);
+EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                  VALUE_PARAMS) {
+  forward(FLAT, 1, a, b, c, d, e, VALUES);
 }
-EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
-  forward(SBV_BS, 0, a, b, c, d, e);
+EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                            VALUE_PARAMS) {
+  forward(SBV_BS, 0, a, b, c, d, e, VALUES);
 }
-EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e) {
-  forward(SBV_SB, 0, a, b, c, d, e);
-}
-/* The same kernel with the run-time flags (bundle format version 2), an
- * int64_t by value after the descriptors. */
-EXPORT void fake_forward_flat_flags(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                    int64_t flags) {
-  forward(FLAT, 0, a, b, c, d, e);
-  ce_fake_record.flags = flags;
-}
-/* The same kernel with its arguments in reverse order. */
-EXPORT void fake_forward_flat_reversed(Desc *status, Desc *lse, Desc *loss,
-                                       Desc *labels, Desc *logits) {
-  forward(FLAT, 0, logits, labels, loss, lse, status);
+EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                            VALUE_PARAMS) {
+  forward(SBV_SB, 0, a, b, c, d, e, VALUES);
 }
 /* Reports a status that names no token. */
 EXPORT void fake_forward_flat_bad_status(Desc *a, Desc *b, Desc *c, Desc *d,
-                                         Desc *e) {
-  forward(FLAT, 0, a, b, c, d, e);
+                                         Desc *e, VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, VALUES);
   *((int64_t *)aligned_of(e)) = 1 << 30;
 }
 /* Reports token 0 although its label is fine. */
 EXPORT void fake_forward_flat_false_alarm(Desc *a, Desc *b, Desc *c, Desc *d,
-                                          Desc *e) {
-  forward(FLAT, 0, a, b, c, d, e);
+                                          Desc *e, VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, VALUES);
   *((int64_t *)aligned_of(e)) = 1;
 }
 
-/* ---- backward: (logits, labels, lse, grad_loss, [grad], status) ---- */
+/* ---- backward: (logits, labels, lse, grad_loss, [grad], status, values) */
 
 static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
-                     Desc *grad_loss, Desc *grad, Desc *status) {
+                     Desc *grad_loss, Desc *grad, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
   Desc *descs[] = {logits, labels, lse, grad_loss, grad, status};
   int ranks[] = {tr + 1, tr, tr, tr, tr + 1, 1};
   if (grad) {
-    record(6, descs, ranks);
+    record(6, descs, ranks, v);
   } else {
     descs[4] = status;
     ranks[4] = 1;
-    record(5, descs, ranks);
+    record(5, descs, ranks, v);
   }
   Call c = {layout, 0,   logits,    labels, 0,
             0,      lse, grad_loss, 0,      grad ? grad : logits,
-            status, 0};
+            status, 0,   v};
   run(&c);
 }
 
 EXPORT void fake_backward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                               Desc *f) {
-  backward(FLAT, a, b, c, d, e, f);
+                               Desc *f, VALUE_PARAMS) {
+  backward(FLAT, a, b, c, d, e, f, VALUES);
 }
 EXPORT void fake_backward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                             Desc *f) {
-  backward(SBV_BS, a, b, c, d, e, f);
+                             Desc *f, VALUE_PARAMS) {
+  backward(SBV_BS, a, b, c, d, e, f, VALUES);
 }
 EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                         Desc *e) {
-  backward(FLAT, a, b, c, d, 0, e);
+                                         Desc *e, VALUE_PARAMS) {
+  backward(FLAT, a, b, c, d, 0, e, VALUES);
 }
 
-/* ---- fused: (logits, labels, weights, loss, lse, [grad], status) ---- */
+/* ---- fused: (logits, labels, weights, loss, lse, [grad], status, values) */
 
 static void fused(int layout, int weights_rank, Desc *logits, Desc *labels,
                   Desc *weights, Desc *loss, Desc *lse, Desc *grad,
-                  Desc *status) {
+                  Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
   Desc *descs[] = {logits, labels, weights, loss, lse, grad, status};
   int ranks[] = {tr + 1, tr, weights_rank, tr, tr, tr + 1, 1};
   if (grad) {
-    record(7, descs, ranks);
+    record(7, descs, ranks, v);
   } else {
     descs[5] = status;
     ranks[5] = 1;
-    record(6, descs, ranks);
+    record(6, descs, ranks, v);
   }
-  Call c = {layout, 0,           logits, labels,  loss,
-            lse,    0,           0,      weights, grad ? grad : logits,
-            status, weights_rank};
+  Call c = {layout,  0,
+            logits,  labels,
+            loss,    lse,
+            0,       0,
+            weights, grad ? grad : logits,
+            status,  weights_rank,
+            v};
   run(&c);
 }
 
 EXPORT void fake_fused_flat_scalar(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                   Desc *f, Desc *g) {
-  fused(FLAT, 0, a, b, c, d, e, f, g);
+                                   Desc *f, Desc *g, VALUE_PARAMS) {
+  fused(FLAT, 0, a, b, c, d, e, f, g, VALUES);
 }
 EXPORT void fake_fused_flat_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                  Desc *f, Desc *g) {
-  fused(FLAT, 1, a, b, c, d, e, f, g);
+                                  Desc *f, Desc *g, VALUE_PARAMS) {
+  fused(FLAT, 1, a, b, c, d, e, f, g, VALUES);
 }
 EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                Desc *f, Desc *g) {
-  fused(SBV_SB, 2, a, b, c, d, e, f, g);
+                                Desc *f, Desc *g, VALUE_PARAMS) {
+  fused(SBV_SB, 2, a, b, c, d, e, f, g, VALUES);
 }
 EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                             Desc *e, Desc *f) {
-  fused(FLAT, 0, a, b, c, d, e, 0, f);
+                                             Desc *e, Desc *f, VALUE_PARAMS) {
+  fused(FLAT, 0, a, b, c, d, e, 0, f, VALUES);
 }
 
-/* ---- shard_stats: (logits, labels, stats, status); records only ---- */
+/* ---- shard_stats: (logits, labels, stats, status, values); records only */
 
 static void shard_stats(int layout, Desc *logits, Desc *labels, Desc *stats,
-                        Desc *status) {
+                        Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
   Desc *descs[] = {logits, labels, stats, status};
   int ranks[] = {tr + 1, tr, tr + 1, 1};
-  record(4, descs, ranks);
+  record(4, descs, ranks, v);
 }
 
-EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d) {
-  shard_stats(FLAT, a, b, c, d);
+EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d,
+                                  VALUE_PARAMS) {
+  shard_stats(FLAT, a, b, c, d, VALUES);
 }
-EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d) {
-  shard_stats(SBV_BS, a, b, c, d);
+EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d,
+                                VALUE_PARAMS) {
+  shard_stats(SBV_BS, a, b, c, d, VALUES);
 }
 
 /* Two builds of this file differ here (CMake builds it again with
