@@ -184,8 +184,15 @@ func.func @stats_token_shape(%x: memref<8x2x64xf32>, %y: memref<2x8xi64>, %s: me
 
 // -----
 
+// Neither bound (`#ce.shard<>`, start and vocab 0) means run-time bounds;
+// a start without a vocabulary is an error.
 // expected-error @+1 {{shard vocabulary size must be positive, got 0}}
-func.func private @shard_empty() attributes {s = #ce.shard<start = 0, vocab = 0>}
+func.func private @shard_empty() attributes {s = #ce.shard<start = 5, vocab = 0>}
+
+// -----
+
+// expected-error @+1 {{shard vocabulary size must be positive, got -1}}
+func.func private @shard_negative() attributes {s = #ce.shard<vocab = -1>}
 
 // -----
 
@@ -253,5 +260,95 @@ func.func @loss_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf16>, 
 func.func @unknown_layout(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
   // expected-error @+1 {{unknown layout 'bsv'; expected flat, sbv_bs or sbv_sb}}
   ce.forward %x, %y into %l, %e layout = bsv : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+// Run-time option operands: each option is an attribute or an operand.
+
+func.func @ignore_index_twice(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %i: i64) {
+  // expected-error @+1 {{ignore_index is given both as an attribute and as an operand}}
+  ce.forward %x, %y into %l, %e ignore_index(%i) layout = flat {ignore_index = -100 : i64} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @label_smoothing_twice(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %a: f32) {
+  // expected-error @+1 {{label_smoothing is given both as an attribute and as an operand}}
+  ce.backward %x, %y, %e, %g into %x label_smoothing(%a) layout = flat {overwrite_input, label_smoothing = 0.1 : f32} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @z_loss_twice(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<f32>, %l: memref<?xf32>, %e: memref<?xf32>, %z: f32) {
+  // expected-error @+1 {{z_loss is given both as an attribute and as an operand}}
+  ce.fused %x, %y, %w into %l, %e, %x z_loss(%z) layout = flat {overwrite_input, z_loss = 1.0e-4 : f32} : memref<?x?xf32>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @stats_z_loss_operand(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %z: f32, %b: i64, %v: i64) {
+  // expected-error @+1 {{z_loss applies to the combined log-sum-exp}}
+  ce.shard_stats %x, %y into %s z_loss(%z) shard_bounds(%b, %v) layout = flat {shard = #ce.shard<>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @smoothing_operand_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %a: i64) {
+  // expected-error @+1 {{operand #4 must be 32-bit float, but got 'i64'}}
+  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
+  return
+}
+
+// -----
+
+func.func @shard_bounds_without_shard(%x: memref<?x?x?xf32>, %y: memref<?x?xi64>, %e: memref<?x?xf32>, %g: memref<?x?xf32>, %b: i64, %v: i64) {
+  // expected-error @+1 {{shard_bounds needs a 'shard' attribute}}
+  ce.backward %x, %y, %e, %g into %x shard_bounds(%b, %v) layout = sbv_bs {overwrite_input} : memref<?x?x?xf32>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32> into memref<?x?x?xf32>
+  return
+}
+
+// -----
+
+func.func @shard_without_bounds(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>) {
+  // expected-error @+1 {{a shard without start and vocab needs shard_bounds operands}}
+  ce.shard_stats %x, %y into %s layout = flat {shard = #ce.shard<>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @global_shard_without_bounds(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>) {
+  // expected-error @+1 {{a shard without start and vocab needs shard_bounds operands}}
+  ce.backward %x, %y, %e, %g into %x layout = flat {overwrite_input, shard = #ce.shard<global_smoothing = true>} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @shard_bounds_twice(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i64, %v: i64) {
+  // expected-error @+1 {{a shard with run-time bounds must not give start and vocab in its attribute}}
+  ce.shard_stats %x, %y into %s shard_bounds(%b, %v) layout = flat {shard = #ce.shard<start = 64, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i64) {
+  // expected-error @+1 {{shard_bounds needs both start and vocab}}
+  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
+  return
+}
+
+// -----
+
+func.func @shard_bounds_type(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i32, %v: i64) {
+  // expected-error @+1 {{operand #3 must be 64-bit signless integer, but got 'i32'}}
+  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
   return
 }

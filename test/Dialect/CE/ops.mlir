@@ -38,8 +38,45 @@ func.func @shard_stats_flat_strided(%x: memref<?x64xf32, strided<[128, 1], offse
 
 // CHECK-LABEL: func @backward_shard_global_smoothing
 func.func @backward_shard_global_smoothing(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32>) {
-  // CHECK: layout = sbv_bs {label_smoothing = 1.000000e-01 : f32, overwrite_input, shard = #ce.shard<start = 0, vocab = 256, global_smoothing = true>}
+  // A start of 0 is the default and is not printed.
+  // CHECK: layout = sbv_bs {label_smoothing = 1.000000e-01 : f32, overwrite_input, shard = #ce.shard<vocab = 256, global_smoothing = true>}
   ce.backward %x, %y, %lse, %g into %x layout = sbv_bs {overwrite_input, label_smoothing = 0.1 : f32, shard = #ce.shard<start = 0, vocab = 256, global_smoothing = true>} : memref<?x?x?xbf16>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32> into memref<?x?x?xbf16>
+  return
+}
+
+// Option values as run-time operands (bundle format version 3): one kernel
+// serves every ignore_index, smoothing and z-loss coefficient, and a shard's
+// bounds, given as operands after `flags`.
+// CHECK-LABEL: func @forward_runtime_options
+// CHECK-SAME: %[[F:[^:]*]]: i64, %[[I:[^:]*]]: i64, %[[A:[^:]*]]: f32, %[[Z:[^:]*]]: f32
+func.func @forward_runtime_options(%x: memref<?x?xbf16>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %z: f32) {
+  // CHECK: ce.forward {{.*}} status(%{{.*}} : memref<1xi64>) flags(%[[F]]) ignore_index(%[[I]]) label_smoothing(%[[A]]) z_loss(%[[Z]]) layout = flat : memref<?x?xbf16>
+  ce.forward %x, %y into %loss, %lse status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) z_loss(%z) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // Each operand on its own, without flags or status.
+  // CHECK: ce.forward {{.*}} into %{{.*}}, %{{.*}} ignore_index(%[[I]]) layout = flat :
+  ce.forward %x, %y into %loss, %lse ignore_index(%ignore) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // CHECK: ce.forward {{.*}} into %{{.*}}, %{{.*}} z_loss(%[[Z]]) layout = flat {ignore_index = -100 : i64, label_smoothing = 1.000000e-01 : f32} :
+  ce.forward %x, %y into %loss, %lse z_loss(%z) layout = flat {ignore_index = -100 : i64, label_smoothing = 0.1 : f32} : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// CHECK-LABEL: func @fused_runtime_options
+// CHECK-SAME: %[[A:[^:]*]]: f32, %[[Z:[^:]*]]: f32
+func.func @fused_runtime_options(%x: memref<?x?x?xf32>, %y: memref<?x?xi32>, %w: memref<?x?xf32>, %loss: memref<?x?xf32>, %lse: memref<?x?xf32>, %st: memref<1xi64>, %alpha: f32, %z: f32) {
+  // CHECK: ce.fused {{.*}} status(%{{.*}} : memref<1xi64>) label_smoothing(%[[A]]) z_loss(%[[Z]]) layout = sbv_sb {overwrite_input} :
+  ce.fused %x, %y, %w into %loss, %lse, %x status(%st : memref<1xi64>) label_smoothing(%alpha) z_loss(%z) layout = sbv_sb {overwrite_input} : memref<?x?x?xf32>, memref<?x?xi32>, memref<?x?xf32> into memref<?x?xf32>, memref<?x?xf32>, memref<?x?x?xf32>
+  return
+}
+
+// A shard whose bounds are run-time operands: `#ce.shard<>` (or with only
+// global_smoothing) and `shard_bounds(%start, %vocab)`.
+// CHECK-LABEL: func @shard_runtime_bounds
+// CHECK-SAME: %[[F:[^:]*]]: i64, %[[I:[^:]*]]: i64, %[[A:[^:]*]]: f32, %[[S:[^:]*]]: i64, %[[V:[^:]*]]: i64
+func.func @shard_runtime_bounds(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32>, %stats: memref<?x?x4xf32>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %start: i64, %vocab: i64) {
+  // CHECK: ce.shard_stats {{.*}} status(%{{.*}} : memref<1xi64>) flags(%[[F]]) ignore_index(%[[I]]) label_smoothing(%[[A]]) shard_bounds(%[[S]], %[[V]]) layout = sbv_bs {shard = #ce.shard<>} :
+  ce.shard_stats %x, %y into %stats status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = sbv_bs {shard = #ce.shard<>} : memref<?x?x?xbf16>, memref<?x?xi64> into memref<?x?x4xf32>
+  // CHECK: ce.backward {{.*}} into %{{.*}} status(%{{.*}} : memref<1xi64>) flags(%[[F]]) ignore_index(%[[I]]) label_smoothing(%[[A]]) shard_bounds(%[[S]], %[[V]]) layout = sbv_bs {overwrite_input, shard = #ce.shard<global_smoothing = true>} :
+  ce.backward %x, %y, %lse, %g into %x status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = sbv_bs {overwrite_input, shard = #ce.shard<global_smoothing = true>} : memref<?x?x?xbf16>, memref<?x?xi64>, memref<?x?xf32>, memref<?x?xf32> into memref<?x?x?xbf16>
   return
 }
 
@@ -76,8 +113,9 @@ func.func @fused_token_weights(%x: memref<?x?x?xf32>, %y: memref<?x?xi64>, %w: m
 // CHECK-LABEL: func @layout_attr_forms
 // (Held by an attribute of no registered dialect: `ce.tuning` is the ce
 // dialect's only discardable attribute.)
-func.func @layout_attr_forms() attributes {test.layouts = [#ce<layout flat>, #ce<layout sbv_bs>, #ce<layout sbv_sb>], test.shard = #ce.shard<start = 0, vocab = 1>} {
+func.func @layout_attr_forms() attributes {test.layouts = [#ce<layout flat>, #ce<layout sbv_bs>, #ce<layout sbv_sb>], test.shard = #ce.shard<start = 0, vocab = 1>, test.shards = [#ce.shard<start = 3, vocab = 9>, #ce.shard<>, #ce.shard<start = 0, vocab = 0, global_smoothing = true>]} {
   // CHECK: test.layouts = [#ce<layout flat>, #ce<layout sbv_bs>, #ce<layout sbv_sb>]
-  // CHECK-SAME: test.shard = #ce.shard<start = 0, vocab = 1>
+  // CHECK-SAME: test.shard = #ce.shard<vocab = 1>
+  // CHECK-SAME: test.shards = [#ce.shard<start = 3, vocab = 9>, #ce.shard<>, #ce.shard<global_smoothing = true>]
   return
 }
