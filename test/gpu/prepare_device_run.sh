@@ -5,8 +5,11 @@
 #                              hidden, so it loads next to any PyTorch on any
 #                              x86-64 glibc Linux
 #   .dev/bundles/{dtypes,options,overwrite}
-#                              sm_90 bundles with the kernels of
-#                              test/runtime/CMakeLists.txt's numerics bundles
+#                              sm_90 bundles (format version 3) with the kernels
+#                              of test/runtime/CMakeLists.txt's numerics bundles;
+#                              option values (ignore_index, the smoothing and z-loss
+#                              coefficients) are run-time arguments that each case
+#                              of test_h200.py draws
 # Then, on the GPU machine (the `run` tool carries .dev):
 #   python3 test/gpu/test_h200.py --runtime .dev/lib/libce_runtime.so \
 #     --bundles .dev/bundles/dtypes .dev/bundles/options .dev/bundles/overwrite
@@ -23,13 +26,13 @@ rm -rf .dev/bundles
 mkdir -p .dev/bundles
 common=(--target=sm_90 --op=forward,backward,fused --logits=bf16,f16,f32)
 "$CE_GEN" "${common[@]}" -o .dev/bundles/dtypes --labels=i32,i64 \
-  --layout=flat,sbv_bs,sbv_sb --ignore-index=-100 --label-smoothing=0 \
-  --z-loss=0 --overwrite=0 --weights=token
+  --layout=flat,sbv_bs,sbv_sb --label-smoothing=off --z-loss=off \
+  --overwrite=0 --weights=token
 "$CE_GEN" "${common[@]}" -o .dev/bundles/options --labels=i64 \
-  --layout=sbv_bs --ignore-index=none,-100 --label-smoothing=0,0.1 \
-  --z-loss=0,1e-4 --overwrite=0 --weights=scalar
+  --layout=sbv_bs --label-smoothing=off,on --z-loss=off,on --overwrite=0 \
+  --weights=scalar
 "$CE_GEN" "${common[@]}" -o .dev/bundles/overwrite --labels=i64 \
-  --layout=flat,sbv_sb --ignore-index=-100 --label-smoothing=0.1 \
-  --z-loss=1e-4 --overwrite=1 --weights=scalar,token
+  --layout=flat,sbv_sb --label-smoothing=on --z-loss=on --overwrite=1 \
+  --weights=scalar,token
 echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
 du -sh .dev/lib .dev/bundles

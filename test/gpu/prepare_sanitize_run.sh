@@ -2,7 +2,8 @@
 # Builds, on this machine, the sm_90 bundles that test/gpu/sanitize_h200.py runs under
 # compute-sanitizer on a GPU machine without LLVM: every kernel kind (forward, backward,
 # fused, shard_stats) with odd-V- and view-capable variants, overwrite on and off, token and
-# scalar weights, with and without label smoothing, bf16 and f32 logits. Usage:
+# scalar weights, with and without label smoothing, bf16 and f32 logits (bundle format
+# version 3: option values are run-time arguments, drawn by the script). Usage:
 #   prepare_sanitize_run.sh DIR         bundles into DIR/{kinds,plain,shards}
 # and, unless NO_RUNTIME=1, the runtime library into DIR/lib (build_device_runtime.sh).
 # CE_GEN (default build/bin/ce-gen) may be set, e.g. to an older ce-gen for a before/after
@@ -21,17 +22,16 @@ mkdir -p "$DIR"
 # Every op with smoothing (three reductions per row) and z-loss, flat and [S,B,V] rows,
 # overwrite on and off, both weights kinds.
 "$CE_GEN" --target=sm_90 -o "$DIR/kinds" --op=forward,backward,fused --logits=bf16,f32 \
-  --labels=i64 --layout=flat,sbv_sb --ignore-index=-100 --label-smoothing=0.1 --z-loss=1e-4 \
-  --overwrite=0,1 --weights=scalar,token
+  --labels=i64 --layout=flat,sbv_sb --label-smoothing=on --z-loss=on --overwrite=0,1 \
+  --weights=scalar,token
 # The plain kernels (no smoothing: two reductions per row), among them the fused bf16
 # token-weights kernel of issue 23, item 13.
 "$CE_GEN" --target=sm_90 -o "$DIR/plain" --op=forward,backward,fused --logits=bf16 \
-  --labels=i64 --layout=flat --ignore-index=-100 --label-smoothing=0 --z-loss=0 \
-  --overwrite=0 --weights=token
-# Vocabulary-parallel statistics: a slice at 0 and one at 1000 of a 300000-entry vocabulary
-# (any V_local up to 299000 fits), smoothing local and global.
+  --labels=i64 --layout=flat --label-smoothing=off --z-loss=off --overwrite=0 --weights=token
+# Vocabulary-parallel statistics, smoothing over the slice and over the global vocabulary
+# (sanitize_h200.py runs slices at 0 and at 1000 of a 300000-entry vocabulary: the bounds are
+# run-time arguments since bundle format version 3).
 "$CE_GEN" --target=sm_90 -o "$DIR/shards" --op=shard_stats --logits=bf16,f32 --labels=i64 \
-  --layout=flat,sbv_bs --ignore-index=-100 --label-smoothing=0,0.1 \
-  --shard=0/300000/local,1000/300000/global
+  --layout=flat,sbv_bs --label-smoothing=off,on --shard=local,global
 echo "ce-gen: $CE_GEN ($(git log -1 --format='%h %s' -- codegen passes tools | cut -c1-100))"
 du -sh "$DIR"/*

@@ -6,7 +6,8 @@
 #   primus/primus        Primus fd1eeab's primus package, from an AMD-AGI/Primus git dir
 #   lib/libce_runtime.so the runtime (build_device_runtime.sh, or RUNTIME=path copied)
 #   bundle-titan         sm_90: [B, S, V] logits read as [S, B, V] with "sb" labels (and flat),
-#                        ignore index -100, bf16/f32, int64 labels, overwrite off and on
+#                        bf16/f32, int64 labels, overwrite off and on (ignore index -100 is a
+#                        run-time argument since bundle format version 3)
 #   bundle-megatron      sm_90: Megatron's [S, B, V] logits with [B, S] labels, bf16/f32,
 #                        int64 labels, overwrite off and on
 # Usage: prepare_titan_primus_run.sh TORCHTITAN_GIT_DIR MEGATRON_GIT_DIR PRIMUS_GIT_DIR
@@ -30,7 +31,7 @@ else
   test/gpu/build_device_runtime.sh "$OUT/lib"
 fi
 "$CE_GEN" --target=sm_90 --op=forward,backward --logits=bf16,f32 --labels=i64 \
-  --layout=sbv_sb,flat --ignore-index=-100 --label-smoothing=0 --z-loss=0 --overwrite=0,1 \
+  --layout=sbv_sb,flat --label-smoothing=off --z-loss=off --overwrite=0,1 \
   -o "$OUT/bundle-titan"
 "$CE_GEN" --target=sm_90 --op=forward,backward --logits=bf16,f32 --labels=i64 \
   --layout=sbv_bs --overwrite=0,1 -o "$OUT/bundle-megatron"

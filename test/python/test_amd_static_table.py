@@ -122,8 +122,8 @@ class CegenForward(unittest.TestCase):
     def test_forward_main_loop(self):
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([str(REPO / "build" / "bin" / "ce-gen"), "--target=gfx942", "--op=forward",
-                            "--logits=bf16", "--labels=i64", "--layout=flat", "--ignore-index=-100",
-                            "--label-smoothing=0", "--z-loss=0", "--overwrite=0", "--weights=token",
+                            "--logits=bf16", "--labels=i64", "--layout=flat",
+                            "--label-smoothing=off", "--z-loss=off", "--overwrite=0", "--weights=token",
                             "-o", tmp], check=True, capture_output=True)
             kernels = T.cegen_kernels(Path(tmp), "gfx942")
         self.assertEqual([k.role for k in kernels], ["fwd"])
