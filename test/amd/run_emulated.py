@@ -6,7 +6,7 @@ launched through cegen's own runtime (libce_runtime's HIP backend: its argument 
 block and LDS bytes) against test/amd/emulator_hip.c, a libamdhip64.so whose launches run in
 tinygrad's mock AMD GPU (test/amd/emulator.py). The numerics are test/gpu/test_h200.py's:
 its Problem (inputs, views, special rows, Megatron labels), its float64 reference and
-tolerances, its run_case and bad-label checks, on its CASES as they are (``--case-set h200``)
+tolerances, its run_case and bad-label checks with option values drawn per case (run_kernel), on its CASES as they are (``--case-set h200``)
 or at smaller shapes (``small``), plus a case of rows whose probabilities are f32 subnormals.
 Run from the repository root with Debian's python3 (it has torch)::
 
@@ -53,24 +53,26 @@ LOG: List[str] = []
 
 #: name -> ce-gen options (with --target and -o added). "full" is test/gpu/prepare_device_run.sh's
 #: three bundles for the H200 (test/runtime/CMakeLists.txt's numerics bundles): every op, dtype,
-#: label dtype and layout; ignore_index none/-100 x smoothing 0/0.1 x z-loss 0/1e-4; overwrite
-#: with scalar and token weights. "smoke" is a few of them (ctest).
+#: label dtype and layout; smoothing off/on x z-loss off/on; overwrite with scalar and token
+#: weights. "smoke" is a few of them (ctest). Bundle format version 3: the option values
+#: (ignore_index, the smoothing and z-loss coefficients) are kernel arguments, which every case
+#: draws for itself (test_h200.draw_values).
 BUNDLE_SETS = {
     "full": {
         "dtypes": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i32,i64",
-                   "--layout=flat,sbv_bs,sbv_sb", "--ignore-index=-100", "--label-smoothing=0",
-                   "--z-loss=0", "--overwrite=0", "--weights=token"],
+                   "--layout=flat,sbv_bs,sbv_sb", "--label-smoothing=off", "--z-loss=off",
+                   "--overwrite=0", "--weights=token"],
         "options": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
-                    "--layout=sbv_bs", "--ignore-index=none,-100", "--label-smoothing=0,0.1",
-                    "--z-loss=0,1e-4", "--overwrite=0", "--weights=scalar"],
+                    "--layout=sbv_bs", "--label-smoothing=off,on", "--z-loss=off,on",
+                    "--overwrite=0", "--weights=scalar"],
         "overwrite": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
-                      "--layout=flat,sbv_sb", "--ignore-index=-100", "--label-smoothing=0.1",
-                      "--z-loss=1e-4", "--overwrite=1", "--weights=scalar,token"],
+                      "--layout=flat,sbv_sb", "--label-smoothing=on", "--z-loss=on",
+                      "--overwrite=1", "--weights=scalar,token"],
     },
     "smoke": {
         "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",
-                  "--layout=sbv_bs", "--ignore-index=-100", "--label-smoothing=0.1",
-                  "--z-loss=1e-4", "--overwrite=0", "--weights=token"],
+                  "--layout=sbv_bs", "--label-smoothing=on", "--z-loss=on", "--overwrite=0",
+                  "--weights=token"],
     },
 }
 
@@ -175,7 +177,7 @@ class Instrumented:
         torch = self.torch
         if ref.numel() and self.recording:
             k = kernel_rows.to(torch.float64).cpu()
-            if case == SUBNORMAL_CASE:
+            if case.partition(" (")[0] == SUBNORMAL_CASE:  # the name, then the values
                 # Elements whose exact probability exp(x_j - lse) or exact gradient is an
                 # f32 subnormal and that the emulator returned as 0 are counted apart (the
                 # hardware keeps the subnormal, the emulator flushes it), then compared as
@@ -234,22 +236,12 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     launches_before = len(emulator.launches)
     log(f"{chip}: {len(keys)} kernels x {len(cases)} cases"
         f"{' + 4 bad-label cases' if bad_labels else ''}")
+    coverage: Dict[str, set] = {}
     for index, text in enumerate(keys):
-        key = h200.Key.parse(text)
         before = report.failures
         t0 = time.time()
-        for case in cases:
-            if case.all_ignored and key.ignore_index is None:
-                continue
-            gen = h200.torch.Generator().manual_seed(h200.mix(seed, text + "/" + case.name))
-            h200.run_case(harness, report, key, case, gen)
-        if bad_labels:
-            bad_cases = [(8, 7), (0, -1), (4, (1 << 40) if key.labels == "i64" else 12345),
-                         (5, key.ignore_index + 1 if key.ignore_index is not None else 99)]
-            for token, label in bad_cases:
-                name = text + f"/bad-label-{label}"
-                gen = h200.torch.Generator().manual_seed(h200.mix(seed, name))
-                h200.run_bad_label(harness, report, key, token, label, gen)
+        # test_h200's loop: each case with option values of its own, then the bad labels.
+        h200.run_kernel(harness, report, text, cases, seed, bad_labels, coverage)
         failed = report.failures - before
         log(f"  [{'FAIL' if failed else ' ok '}] {index + 1}/{len(keys)} {text} "
             f"({time.time() - t0:.1f} s)")
@@ -260,8 +252,10 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
         "subnormal_elements_flushed": instrumented.flushed.get(chip, 0),
         "user_sgprs": sorted({" ".join(r.user_sgprs) for r in launches}),
         "lds_bytes": sorted({r.lds_bytes for r in launches}),
+        "coverage": {field: sorted(values) for field, values in sorted(coverage.items())},
         "seconds": round(time.time() - started, 1), "pass": report.failures == 0 and bool(keys),
     }
+    log(f"{chip}: option values covered {json.dumps(results[chip]['coverage'])}")
     log(f"{chip}: {len(keys)} kernels, {len(launches)} launches, {report.checks} checks, "
         f"{report.failures} failures, {instrumented.flushed.get(chip, 0)} subnormal gradient "
         f"elements flushed by the emulator, {time.time() - started:.0f} s")
@@ -301,8 +295,9 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
     from tinygrad.renderer.amd import decode_inst
 
     texts = sorted(k for k in harness.kernels if k.startswith("op=forward,logits=f32,"))
-    # The plainest one: no smoothing, no z-loss, when the bundles have it.
-    text = next((k for k in texts if "label_smoothing=0,z_loss=0," in k),
+    # The plainest one: no smoothing, no z-loss, when the bundles have it (its cases run with
+    # no ignore_index and coefficients 0: Key.parse's values).
+    text = next((k for k in texts if "label_smoothing=off,z_loss=off," in k),
                 texts[0] if texts else None)
     if text is None:
         log("mutation: no f32 forward kernel in the bundles")

@@ -15,7 +15,8 @@ runtime picks the short-, 64 KB- and 128 KB-row kernels by V) and shard_stats, o
 V = 7 to 128256 (odd V; rows whose whole vector part fits the fused kernels' row cache, with
 a masked last step, and rows that do not), offset and strided views of every tensor (the
 cases of test_h200.py: padding around every view must survive), ``[S,B,V]`` layouts,
-overwrite on and off, token and scalar weights, label smoothing and z-loss on and off,
+overwrite on and off, token and scalar weights, label smoothing and z-loss on and off
+(the option values drawn per case, as test_h200.py draws them: bundle format version 3),
 special rows (-inf rows, maxima past 2^24: the exact re-sweep), an all-ignored batch, and a
 bad label per kernel. Each result is checked against the float64 reference of test_h200.py
 (shard_stats against its own), so a run that the tools pass also computed the right numbers.
@@ -105,12 +106,14 @@ def shard_reference(x, labels, start: int, vocab: int, ignore_index: Optional[in
 
 def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev) -> int:
     """Every shard_stats kernel of the bundles on every V of SHARD_VOCABS, flat and [S,B,V],
-    the logits a strided view; returns the number of launches."""
+    the logits a strided view, a slice at 0 or at 1000 of a 300000-entry vocabulary (run-time
+    arguments since bundle format version 3, as the ignore_index, drawn per V as test_h200's
+    cases draw it); returns the number of launches."""
     import torch
 
     from cegen import _kernels
     from cegen import _runtime
-    from test_h200 import Key, log, mix
+    from test_h200 import Case, Key, draw_values, log, mix
 
     rt = _runtime.get_runtime()
     target = "sm_90" if dev.type == "cuda" else "host"
@@ -120,27 +123,31 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
         for text, kernel_target in bundle.kernels():
             if kernel_target != target or not text.startswith("op=shard_stats"):
                 continue
-            fields = dict(item.split("=", 1) for item in text.split(","))
-            key = Key.parse(",".join(f"{k}={v}" for k, v in fields.items() if k != "shard"))
-            start_text, vocab_text, scope = fields["shard"].split("/")
-            start, vocab = int(start_text), int(vocab_text)
+            key = Key.parse(text)
             dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[key.logits]
-            options = _kernels.KernelOptions(
-                ignore_index=key.ignore_index, label_smoothing=key.label_smoothing,
-                z_loss=0.0, label_layout="bs", bundle=str(Path(directory).resolve()),
-                shard=_kernels.Shard(start, vocab, scope == "global"))
             t0 = time.time()
-            for v in SHARD_VOCABS:
-                gen = torch.Generator().manual_seed(mix(seed, f"{text}/{v}"))
+            for index, v in enumerate(SHARD_VOCABS):
                 s, b = 3, 2
                 n = s * b
+                start, vocab = (0, 1000)[index % 2], 300000
+                # The ignore_index of the case; smoothing only says whether the kernel sums
+                # the row (a coefficient of 0 would select the "off" kernel).
+                values = draw_values(key, Case(f"shard-vocab{v}", n, s, b, v, True, False,
+                                               False, False),
+                                     False, mix(seed, f"{text}/{v}/options"))
+                options = _kernels.KernelOptions(
+                    ignore_index=values.ignore_index,
+                    label_smoothing=0.1 if key.smoothing_on else 0.0, z_loss=0.0,
+                    label_layout="bs", bundle=str(Path(directory).resolve()),
+                    shard=_kernels.Shard(start, vocab, key.shard == "global"))
+                gen = torch.Generator().manual_seed(mix(seed, f"{text}/{v}"))
                 x = (torch.randn((n, v), generator=gen, dtype=torch.float64) * 2).to(dtype)
                 labels = torch.randint(0, vocab, (n,), generator=gen)
                 inside = torch.rand((n,), generator=gen) < 0.5
                 labels = torch.where(inside, start + torch.randint(0, v, (n,), generator=gen),
                                      labels)
-                if key.ignore_index is not None:
-                    labels[0] = key.ignore_index
+                if values.ignore_index is not None:
+                    labels[0] = values.ignore_index
                 # A strided view: rows V + 3 apart, starting 5 elements in (odd offsets).
                 storage = torch.full((n * (v + 3) + 8,), -7777.0, dtype=dtype, device=dev)
                 rows = storage.as_strided((n, v), (v + 3, 1), 5)
@@ -162,8 +169,7 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                 if key.layout != "flat":
                     got = got.transpose(0, 1).reshape(n, 4)  # [B,S,4] -> rows s*B + b
                 ref, abs_sum = shard_reference(x.to(torch.float64), token_labels, start,
-                                               vocab, key.ignore_index,
-                                               key.label_smoothing > 0)
+                                               vocab, values.ignore_index, key.smoothing_on)
                 tolerance = torch.stack([
                     torch.zeros(n, dtype=torch.float64),
                     1e-5 * ref[:, 1].abs().clamp(min=1.0),
@@ -172,7 +178,8 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                 bad = ~((got - ref).abs() <= tolerance)
                 if bad.any() or not bool((storage[:5] == -7777.0).all()):
                     where = bad.nonzero()[:3].tolist()
-                    failures.append(f"shard_stats {text} V={v}: {int(bad.sum())} values off, "
+                    failures.append(f"shard_stats {text} V={v} slice at {start} of {vocab} "
+                                    f"({values.values_text()}): {int(bad.sum())} values off, "
                                     f"first {where}: {got[bad][:3].tolist()} vs "
                                     f"{ref[bad][:3].tolist()}")
             log(f"[{'FAIL' if failures else ' ok '}] {text} ({time.time() - t0:.2f} s)")
@@ -199,15 +206,13 @@ def inner(args: argparse.Namespace) -> int:
         if time.time() - started > args.budget_s:
             skipped.append(text)
             continue
-        key = T.Key.parse(text)
         before, t0 = report.failures, time.time()
-        for case in cases():
-            if case.all_ignored and key.ignore_index is None:
-                continue
-            gen = torch.Generator().manual_seed(T.mix(seed, text + "/" + case.name))
-            T.run_case(h, report, key, case, gen)
+        # Each case with option values of its own (test_h200's draw), then one bad label.
+        T.run_kernel(h, report, text, cases(), seed, bad_label_cases=False)
+        bad_key = T.draw_values(T.Key.parse(text), T.BAD_LABEL_CASE, True,
+                                T.mix(seed, text + "/bad/options"))
         gen = torch.Generator().manual_seed(T.mix(seed, text + "/bad-label"))
-        T.run_bad_label(h, report, key, 4, 7, gen)
+        T.run_bad_label(h, report, bad_key, 4, 7, gen)
         T.log(f"[{'FAIL' if report.failures > before else ' ok '}] {text} "
               f"({time.time() - t0:.2f} s)")
     failures: List[str] = []
