@@ -167,7 +167,7 @@ def check_cases(torch: Any, cegen: Any, p: Any, checker: Any) -> Dict[str, float
 
 
 def kernel_cases(cegen: Any, rt: Any, bundle: str, p: Any, dev: Any) -> List[Any]:
-    kset = gb.open_config(rt, bundle, gb.variant_keys(cegen, IGNORE_INDEX),
+    kset = gb.open_config(rt, bundle, gb.variant_keys(cegen),
                           "sm_90" if dev.cuda else "host")
     steps = gb.Ours(cegen, rt, kset, p, dev, IGNORE_INDEX).steps()
     return [(f"kernel {name}", passes, steps[name][0], steps[name][1])

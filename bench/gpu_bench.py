@@ -225,12 +225,14 @@ class KernelSet:
         return (f"fwd {names['forward']}, bwd {names['backward1']}, fused {names['fused1']}")
 
 
-def variant_keys(cegen: Any, ignore_index: Optional[int]) -> Dict[str, str]:
+def variant_keys(cegen: Any) -> Dict[str, str]:
+    """The kernels of each role: bf16, int64 labels, [N, V], no smoothing or z-loss (bundle
+    format version 3: the ignore_index is a run-time argument, not part of a key)."""
     from cegen import VariantKey
 
     def key(op: str, overwrite: bool = False, weights: str = "none") -> str:
         return str(VariantKey(op=op, logits="bf16", labels="i64", layout="flat",
-                              ignore_index=ignore_index, overwrite=overwrite, weights=weights))
+                              overwrite=overwrite, weights=weights))
 
     return {"forward": key("forward"), "backward0": key("backward"),
             "backward1": key("backward", overwrite=True),
@@ -664,8 +666,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sweep-shapes", default=DEFAULT_SWEEP_SHAPES)
     parser.add_argument("--sweep-reps", type=int, default=15)
     parser.add_argument("--ignore-index", default="-100",
-                        help="the kernels' ignore_index ('none' or an int; default -100, as "
-                             "F.cross_entropy); labels never take it")
+                        help="the calls' ignore_index, a run-time argument ('none' or an int; "
+                             "default -100, as F.cross_entropy); labels never take it")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--no-host-overhead", action="store_true")
@@ -701,7 +703,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if dev.cuda:
         major, minor = torch.cuda.get_device_capability()
         target = f"sm_{major}{minor}"
-    keys = variant_keys(cegen, ignore_index)
+    keys = variant_keys(cegen)
     out = Path(args.out) if args.out else None
 
     results: Dict[str, Any] = {"meta": device_meta(torch, dev), "rows": [], "checks": {},
