@@ -131,17 +131,18 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   Value flags = values[0], ignoreIndex = values[1];
   Value smoothingValue = key.smoothing ? values[2] : Value();
   Value zLossValue = key.zLoss ? values[3] : Value();
-  Value shardStart = key.sharded() ? values[4] : Value();
-  Value shardVocab = key.sharded() ? values[5] : Value();
+  // Backward and shard_stats kernels take a vocabulary slice (an unsharded
+  // backward is the slice [0, V) of V); its smoothing is a flag.
+  bool sharded = key.op == KernelOp::Backward || key.op == KernelOp::ShardStats;
+  Value shardStart = sharded ? values[4] : Value();
+  Value shardVocab = sharded ? values[5] : Value();
   auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
   IntegerAttr ignore;
   FloatAttr smoothing = b.getF32FloatAttr(0.0f);
   FloatAttr zLoss = b.getF32FloatAttr(0.0f);
   UnitAttr overwrite = key.overwrite ? b.getUnitAttr() : UnitAttr();
   ShardAttr shard =
-      key.sharded() ? ShardAttr::get(b.getContext(), 0, 0,
-                                     key.shard == ::ce::ShardKind::Global)
-                    : ShardAttr();
+      sharded ? ShardAttr::get(b.getContext(), 0, 0, false) : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
     ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3], status,
@@ -296,9 +297,13 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
     if (!op.getStatus() || !op.getFlags() || !op.getIgnoreIndexValue())
       return op.emitError("a kernel for a bundle needs status, flags and "
                           "ignore_index operands (docs/bundle-format.md)");
-    if (shard)
-      key.shard = shard.getGlobalSmoothing() ? ::ce::ShardKind::Global
-                                             : ::ce::ShardKind::Local;
+    bool takesSlice = isa<BackwardOp, ShardStatsOp>(op.getOperation());
+    if (takesSlice != static_cast<bool>(shard) ||
+        (shard && shard.getGlobalSmoothing()))
+      return op.emitError(
+          "a kernel for a bundle: backward and shard_stats take a vocabulary "
+          "slice (`#ce.shard<>` with shard_bounds operands; how it smooths is "
+          "a run-time flag), forward and fused take none");
     key.logits = *fromMlirType(op.getLogits().getType().getElementType());
     key.labels = *fromMlirType(op.getLabels().getType().getElementType());
     key.layout = fromLayout(op.getLayout());
@@ -338,9 +343,10 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
   } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
     key.op = KernelOp::Fused;
     key.overwrite = op.getOverwriteInput();
-    key.weights = op.getWeights().getType().getRank() == 0
-                      ? WeightsKind::Scalar
-                      : WeightsKind::Token;
+    if (op.getWeights().getType().getRank() == 0)
+      return op.emitError("a kernel for a bundle takes per-token weights (a "
+                          "scalar weight is passed with stride 0)");
+    key.weights = WeightsKind::Token;
     result = LogicalResult::success(
         succeeded(common(op)) &&
         succeeded(roles.add(ArgRole::Weights, op.getWeights())) &&

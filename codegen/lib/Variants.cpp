@@ -17,7 +17,6 @@ using ::ce::ElemType;
 using ::ce::KernelOp;
 using ::ce::KernelVariantKey;
 using ::ce::LabelLayout;
-using ::ce::ShardKind;
 using ::ce::WeightsKind;
 
 bool VariantOptions::any() const {
@@ -25,7 +24,7 @@ bool VariantOptions::any() const {
     return true;
   for (const std::vector<std::string> *list :
        {&ops, &logits, &labels, &layouts, &smoothings, &zLosses, &overwrites,
-        &weights, &shards, &keys})
+        &weights, &keys})
     if (!list->empty())
       return true;
   return false;
@@ -103,18 +102,12 @@ std::optional<bool> parseBool(StringRef s) {
   return std::nullopt;
 }
 
+/// `scalar` names the same kernel as `token`: a scalar weight is a
+/// per-token weight of stride 0.
 std::optional<WeightsKind> parseWeights(StringRef s) {
   return llvm::StringSwitch<std::optional<WeightsKind>>(s)
-      .Case("scalar", WeightsKind::Scalar)
+      .Case("scalar", WeightsKind::Token)
       .Case("token", WeightsKind::Token)
-      .Default(std::nullopt);
-}
-
-std::optional<ShardKind> parseShard(StringRef s) {
-  return llvm::StringSwitch<std::optional<ShardKind>>(s)
-      .Case("none", ShardKind::None)
-      .Case("local", ShardKind::Local)
-      .Case("global", ShardKind::Global)
       .Default(std::nullopt);
 }
 
@@ -125,10 +118,7 @@ std::string whyNotAKernel(const KernelVariantKey &key) {
   if (key.overwrite && !gradient)
     return "overwrite=1 needs op=backward or fused";
   if ((key.weights != WeightsKind::None) != (key.op == KernelOp::Fused))
-    return "weights is scalar or token for op=fused, none otherwise";
-  if (key.sharded() != (key.op == KernelOp::ShardStats) &&
-      key.op != KernelOp::Backward)
-    return "a shard is for op=shard_stats (always) or backward";
+    return "weights is token for op=fused, none otherwise";
   if (key.op == KernelOp::ShardStats && key.zLoss)
     return "shard_stats has z_loss=off (the z-loss applies after the "
            "shards' statistics are combined)";
@@ -145,8 +135,8 @@ keysFromText(ArrayRef<std::string> texts, std::string &error) {
       error = "--variant='" + text +
               "' is not a canonical variant key (docs/bundle-format.md, "
               "version 3: op=...,logits=...,labels=...,layout=...,"
-              "label_smoothing=on|off,z_loss=on|off,overwrite=0|1,weights=..."
-              "[,shard=local|global], each value as ce-gen and the runtime "
+              "label_smoothing=on|off,z_loss=on|off,overwrite=0|1,"
+              "weights=none|token, each value as ce-gen and the runtime "
               "print it)";
       return failure();
     }
@@ -187,7 +177,6 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
   std::vector<LabelLayout> layoutList;
   std::vector<bool> smoothingList, zList, overwriteList;
   std::vector<WeightsKind> weightsList;
-  std::vector<ShardKind> shardList;
   if (failed(parseEach<KernelOp>(
           pickList(options.ops, {"forward", "backward", "fused", "shard_stats"}),
           {"forward"}, "op", "forward, backward, fused or shard_stats",
@@ -212,13 +201,9 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
                              "overwrite", "0 or 1", parseBool, overwriteList,
                              error)) ||
       failed(parseEach<WeightsKind>(
-          pickList(options.weights, {"scalar", "token"}), {"scalar"},
-          "weights", "scalar or token (fused kernels)", parseWeights,
-          weightsList, error)) ||
-      failed(parseEach<ShardKind>(
-          pickList(options.shards, {"none", "local", "global"}), {"none"},
-          "shard", "none, local or global (smoothing over the slice or the "
-          "whole vocabulary)", parseShard, shardList, error)))
+          pickList(options.weights, {"token"}), {"token"}, "weights",
+          "token or scalar (fused kernels; the same kernel, a scalar weight "
+          "has stride 0)", parseWeights, weightsList, error)))
     return failure();
 
   // shard_stats kernels have no z-loss (it applies after the statistics
@@ -240,8 +225,7 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
           for (bool smoothing : smoothingList)
             for (bool z : zList)
               for (bool overwrite : overwriteList)
-                for (WeightsKind weights : weightsList)
-                  for (ShardKind shard : shardList) {
+                for (WeightsKind weights : weightsList) {
                     KernelVariantKey key;
                     key.op = op;
                     key.logits = logits;
@@ -256,16 +240,13 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
                                     overwrite;
                     key.weights =
                         op == KernelOp::Fused ? weights : WeightsKind::None;
-                    key.shard = shard;
                     if (!whyNotAKernel(key).empty())
                       continue;
                     if (seen.insert(key.str()).second)
                       keys.push_back(key);
                   }
   if (keys.empty()) {
-    error = "the variant options select no kernel: --shard takes "
-            "--op=shard_stats or backward, and --op=shard_stats needs a "
-            "--shard";
+    error = "the variant options select no kernel";
     return failure();
   }
   return keys;

@@ -49,10 +49,21 @@ CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
     Value smoothVocab = vocabF32;
     Value manyClasses = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt,
                                               vocab, rows.index(1));
-    if (config.shard && config.shard.getGlobalSmoothing()) {
-      smoothVocab = arith::SIToFPOp::create(b, b.getF32Type(), shardVocab);
-      manyClasses = arith::CmpIOp::create(b, arith::CmpIPredicate::sgt,
-                                          shardVocab, i64(1));
+    if (config.shard) {
+      // Over the global vocabulary with the attribute's global_smoothing or
+      // the run-time flag, else over the slice.
+      Value global = arith::ConstantIntOp::create(
+          b, b.getI1Type(), config.shard.getGlobalSmoothing());
+      if (config.flags && !config.shard.getGlobalSmoothing())
+        global = flagSet(kFlagGlobalSmoothing);
+      smoothVocab = arith::SelectOp::create(
+          b, global, arith::SIToFPOp::create(b, b.getF32Type(), shardVocab),
+          smoothVocab);
+      manyClasses = arith::SelectOp::create(
+          b, global,
+          arith::CmpIOp::create(b, arith::CmpIPredicate::sgt, shardVocab,
+                                i64(1)),
+          manyClasses);
     }
     Value alpha = config.labelSmoothingValue
                       ? config.labelSmoothingValue
@@ -102,13 +113,6 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
     info.inRow = info.valid;
   }
   info.accepted = info.valid;
-  auto flagSet = [&](RuntimeFlag flag) -> Value {
-    Value bit = arith::ConstantIntOp::create(b, b.getI64Type(), flag);
-    return arith::CmpIOp::create(
-        b, arith::CmpIPredicate::ne,
-        arith::AndIOp::create(b, config.flags, bit),
-        arith::ConstantIntOp::create(b, b.getI64Type(), 0));
-  };
   if (config.flags)
     info.accepted =
         arith::OrIOp::create(b, info.valid, flagSet(kFlagMegatronLabels));
@@ -155,6 +159,13 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
     });
   }
   return info;
+}
+
+Value CrossEntropyLowering::flagSet(int64_t flag) {
+  Value bit = arith::ConstantIntOp::create(b, b.getI64Type(), flag);
+  return arith::CmpIOp::create(
+      b, arith::CmpIPredicate::ne, arith::AndIOp::create(b, config.flags, bit),
+      arith::ConstantIntOp::create(b, b.getI64Type(), 0));
 }
 
 Value CrossEntropyLowering::selectUnlessZero(Value coefficient, Value plain,

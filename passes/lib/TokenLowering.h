@@ -117,6 +117,9 @@ public:
   /// falls in the slice.
   LabelInfo readLabel(const Token &token);
 
+  /// i1: whether run-time flag `flag` (RuntimeFlag) is set; needs flags.
+  Value flagSet(int64_t flag);
+
   /// `plain` where `coefficient` is 0, else `withTerm` (constant-folded
   /// when the coefficient is a constant).
   Value selectUnlessZero(Value coefficient, Value plain, Value withTerm);

@@ -341,13 +341,10 @@ def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOpt
         logits=_LOGITS_DTYPES[logits.dtype][0],
         labels=_LABEL_DTYPES[labels.dtype][0],
         layout=variant_layout(logits.dim(), options.label_layout),
-        ignore_index=options.ignore_index,
-        label_smoothing=options.label_smoothing,
-        z_loss=options.z_loss,
+        label_smoothing=options.label_smoothing != 0.0,
+        z_loss=options.z_loss != 0.0,
         overwrite=overwrite,
-        weights=weights,
-        shard=None if options.shard is None else (
-            options.shard.start, options.shard.vocab, options.shard.global_smoothing),
+        weights="token" if weights == "scalar" else weights,
     )
 
 

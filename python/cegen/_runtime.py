@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 2
+CE_RUNTIME_BUNDLE_VERSION = 3
 
 
 class Status:
@@ -369,10 +369,14 @@ class Bundle:
         return list(dict.fromkeys(target for _, target in self.kernels()))
 
     def has(self, key: object, target: str) -> bool:
-        """Whether the bundle holds variant ``key`` for ``target``."""
+        """Whether the bundle serves variant ``key`` for ``target``: holds its kernel, or for
+        a :class:`VariantKey` one that serves it too (``VariantKey.serving_keys``, the
+        runtime's own fallback)."""
         if self._kernels is None:
             self.kernels()
-        return (str(key), target) in self._kernel_set
+        serving = getattr(key, "serving_keys", None)
+        candidates = serving() if serving is not None else [key]
+        return any((str(candidate), target) in self._kernel_set for candidate in candidates)
 
     def __contains__(self, key: object) -> bool:
         return str(key) in self.keys()

@@ -1,15 +1,20 @@
 """Kernel variant keys, spelled exactly as ``ce::KernelVariantKey::str()`` spells them.
 
 ``runtime/include/ce/runtime/VariantKey.h`` is the reference; ``docs/bundle-format.md``
-documents the fields. Python needs the same string to tell which bundle holds a kernel
-and to ask ``ce-gen`` for a missing one.
+documents the fields (bundle format version 3). Python needs the same string to tell
+which bundle holds a kernel and to ask ``ce-gen`` for a missing one. Option values
+(ignore_index, the smoothing and z-loss coefficients, a shard's bounds and how it smooths)
+are kernel arguments, not part of a key: a key says only whether smoothing and z-loss are
+computed. Every backward and shard_stats kernel takes a vocabulary slice (an unsharded
+backward is the slice [0, V) of V); a fused kernel's weights are per-token (a scalar weight
+is passed with stride 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import List, Optional, Tuple
+from typing import List
 
 from . import _validate
 
@@ -19,7 +24,7 @@ OPS = ("forward", "backward", "fused", "shard_stats")
 LOGITS_TYPES = ("bf16", "f16", "f32")
 LABEL_TYPES = ("i32", "i64")
 LAYOUTS = ("flat", "sbv_bs", "sbv_sb")
-WEIGHTS = ("none", "scalar", "token")
+WEIGHTS = ("none", "token")
 
 
 def to_f32(value: float) -> float:
@@ -34,29 +39,24 @@ def format_f32(value: float) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class VariantKey:
-    """Everything that selects one compiled kernel (shapes and strides do not).
+    """Everything that selects one compiled kernel (shapes, strides and option values do not).
 
-    Field values use the manifest's spelling, e.g. ``logits="bf16"``, ``layout="sbv_bs"``.
+    Field values use the manifest's spelling, e.g. ``logits="bf16"``, ``layout="sbv_bs"``;
+    ``label_smoothing`` and ``z_loss`` say whether the kernel computes the term.
     """
 
     op: str
     logits: str
     labels: str
     layout: str
-    ignore_index: Optional[int] = None
-    label_smoothing: float = 0.0
-    z_loss: float = 0.0
+    label_smoothing: bool = False
+    z_loss: bool = False
     overwrite: bool = False
     weights: str = "none"
-    #: ``(start, vocab, global_smoothing)`` of a tensor-parallel vocabulary slice, or None.
-    shard: Optional[Tuple[int, int, bool]] = None
 
     def __post_init__(self) -> None:
-        # The numbers as the kernels and ce-gen take them (cegen._validate's rules).
-        object.__setattr__(self, "ignore_index", _validate.ignore_index(self.ignore_index))
-        object.__setattr__(self, "label_smoothing", _validate.label_smoothing(self.label_smoothing))
-        object.__setattr__(self, "z_loss", _validate.z_loss(self.z_loss))
-        object.__setattr__(self, "overwrite", _validate.flag("overwrite", self.overwrite))
+        for name in ("label_smoothing", "z_loss", "overwrite"):
+            object.__setattr__(self, name, _validate.flag(name, getattr(self, name)))
         for name, allowed in (
             ("op", OPS),
             ("logits", LOGITS_TYPES),
@@ -70,34 +70,37 @@ class VariantKey:
         if (self.op == "fused") != (self.weights != "none"):
             raise ValueError(
                 f"variant key: weights={self.weights!r} does not fit op={self.op!r} "
-                "(fused kernels take scalar or token weights, the others none)"
+                "(fused kernels take token weights, the others none)"
             )
         if self.op in ("forward", "shard_stats") and self.overwrite:
             raise ValueError(f"variant key: a {self.op} kernel writes no gradient to overwrite with")
-        if (self.shard is not None) != (self.op == "shard_stats") and self.op != "backward":
-            raise ValueError(f"variant key: op={self.op!r} does not fit shard={self.shard!r} "
-                             "(shard_stats needs a shard; only it and backward take one)")
-        if self.shard is not None:
-            if not isinstance(self.shard, tuple) or len(self.shard) != 3:
-                raise ValueError(f"variant key: shard must be (start, vocab, global_smoothing), "
-                                 f"got {self.shard!r}")
-            start, vocab = _validate.shard_bounds(self.shard[0], self.shard[1])
-            object.__setattr__(self, "shard",
-                               (start, vocab, _validate.flag("global_smoothing", self.shard[2])))
+        if self.op == "shard_stats" and self.z_loss:
+            raise ValueError("variant key: shard_stats kernels have no z-loss (it applies "
+                             "after the shards' statistics are combined)")
 
     def __str__(self) -> str:
-        ignore = "none" if self.ignore_index is None else str(int(self.ignore_index))
         return (
             f"op={self.op},logits={self.logits},labels={self.labels},layout={self.layout},"
-            f"ignore_index={ignore},label_smoothing={format_f32(self.label_smoothing)},"
-            f"z_loss={format_f32(self.z_loss)},overwrite={1 if self.overwrite else 0},"
+            f"label_smoothing={'on' if self.label_smoothing else 'off'},"
+            f"z_loss={'on' if self.z_loss else 'off'},overwrite={1 if self.overwrite else 0},"
             f"weights={self.weights}"
-            + ("" if self.shard is None else f",shard={self._shard_text()}")
         )
 
-    def _shard_text(self) -> str:
-        start, vocab, global_smoothing = self.shard  # type: ignore[misc]
-        return f"{int(start)}/{int(vocab)}/{'global' if global_smoothing else 'local'}"
+    def serving_keys(self) -> List["VariantKey"]:
+        """This key, then the keys whose kernels serve it too, in the runtime's order
+        (``findServingKernel``): a coefficient of 0 is also served by a kernel that
+        computes smoothing or a z-loss anyway."""
+        keys = []
+        for extra_smoothing, extra_z in ((False, False), (True, False), (False, True),
+                                         (True, True)):
+            if (extra_smoothing and self.label_smoothing) or (extra_z and self.z_loss):
+                continue
+            if extra_z and self.op == "shard_stats":
+                continue
+            keys.append(dataclasses.replace(self,
+                                            label_smoothing=self.label_smoothing or extra_smoothing,
+                                            z_loss=self.z_loss or extra_z))
+        return keys
 
     def ce_gen_options(self) -> List[str]:
         """The ``ce-gen`` options that ask for exactly this kernel (target and output aside).

@@ -41,7 +41,7 @@ LabelContext labelContext(const LaunchPlan &plan) {
   context.numTokens = plan.numTokens;
   // A shard's labels are global ids: the range is the whole vocabulary's.
   context.vocabSize =
-      plan.variant.sharded() ? plan.options.shard_vocab : plan.vocabSize;
+      plan.options.shard_vocab > 0 ? plan.options.shard_vocab : plan.vocabSize;
   context.tokenRank = plan.tokenRank;
   context.tokenSizes[0] = plan.tokenSizes[0];
   context.tokenSizes[1] = plan.tokenSizes[1];

@@ -340,13 +340,6 @@ Status ManifestReader::readKernel(const json::Value &value,
       kernel.variant.overwrite)
     return errorAt(value, name + ": a " + stringify(op) +
                               " kernel cannot overwrite");
-  bool sharded = kernel.variant.sharded();
-  if (sharded ? op != KernelOp::ShardStats && op != KernelOp::Backward
-              : op == KernelOp::ShardStats)
-    return errorAt(value, name + (sharded ? ": only shard_stats and backward "
-                                            "kernels take a shard"
-                                          : ": a shard_stats kernel needs a "
-                                            "shard"));
   if (op == KernelOp::ShardStats && kernel.variant.zLoss)
     return errorAt(value, name + ": a shard_stats kernel has no z-loss");
   bool fused = kernel.variant.op == KernelOp::Fused;
@@ -354,7 +347,7 @@ Status ManifestReader::readKernel(const json::Value &value,
     return errorAt(value, name +
                               ": weights=" + stringify(kernel.variant.weights) +
                               (fused ? " is not valid for a fused kernel "
-                                       "(scalar or token)"
+                                       "(token)"
                                      : " is only valid for a fused kernel"));
 
   auto object = std::find_if(

@@ -398,9 +398,6 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
                        std::to_string(options.shard_vocab));
 
   plan.variant.op = op;
-  if (options.shard_vocab > 0)
-    plan.variant.shard = options.shard_global_smoothing ? ShardKind::Global
-                                                        : ShardKind::Local;
   plan.variant.logits = toElemType(logits.dtype);
   plan.variant.smoothing = options.label_smoothing != 0.0f;
   plan.variant.zLoss = options.z_loss != 0.0f;
@@ -453,10 +450,8 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
       if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
           !status.isOk())
         return status;
-      if (tensor.ndim == 0) {
-        plan.variant.weights = WeightsKind::Scalar;
-      } else {
-        plan.variant.weights = WeightsKind::Token;
+      plan.variant.weights = WeightsKind::Token;
+      if (tensor.ndim != 0) {
         if (!sameSizes(tensor, plan.tokenRank, plan.tokenSizes))
           return invalid("weights", "must be a scalar (ndim 0) or have the "
                                     "labels' shape " +
@@ -539,6 +534,18 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     int role = static_cast<int>(arg.role);
     plan.tensors[role] = *arg.tensor;
     plan.present[role] = true;
+  }
+  // A scalar weight is a per-token weight of stride 0: the kernels take
+  // per-token weights only.
+  if (plan.present[static_cast<int>(ArgRole::Weights)]) {
+    ce_tensor &weights = plan.tensors[static_cast<int>(ArgRole::Weights)];
+    if (weights.ndim == 0) {
+      weights.ndim = plan.tokenRank;
+      for (int i = 0; i < plan.tokenRank; ++i) {
+        weights.sizes[i] = plan.tokenSizes[i];
+        weights.strides[i] = 0;
+      }
+    }
   }
   // With one vocabulary entry only index 0 is read, so any stride is as good
   // as 1; kernels may assume the unit stride the ABI promises.

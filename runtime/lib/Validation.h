@@ -79,8 +79,15 @@ struct LaunchPlan {
     }
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
-    values.shardStart = options.shard_start;
-    values.shardVocab = options.shard_vocab;
+    // Backward and shard_stats kernels take a slice; unsharded, [0, V) of V.
+    if (options.shard_vocab > 0) {
+      values.shardStart = options.shard_start;
+      values.shardVocab = options.shard_vocab;
+      if (options.shard_global_smoothing)
+        values.flags |= kFlagGlobalSmoothing;
+    } else {
+      values.shardVocab = vocabSize;
+    }
     return values;
   }
 };

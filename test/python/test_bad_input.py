@@ -327,19 +327,27 @@ class TestVariantKeys(unittest.TestCase):
     """Keys spelled as ce::KernelVariantKey::str() spells them."""
 
     def test_spelling(self) -> None:
-        key = cegen.VariantKey("forward", "bf16", "i64", "sbv_bs", -100)
-        self.assertEqual(str(key), "op=forward,logits=bf16,labels=i64,layout=sbv_bs,ignore_index=-100,"
-                                   "label_smoothing=0,z_loss=0,overwrite=0,weights=none")
-        key = cegen.VariantKey("fused", "f32", "i32", "flat", None, 0.1, 1e-4, True, "token")
-        self.assertEqual(str(key), "op=fused,logits=f32,labels=i32,layout=flat,ignore_index=none,"
-                                   "label_smoothing=0.100000001,z_loss=9.99999975e-05,overwrite=1,"
-                                   "weights=token")
+        key = cegen.VariantKey("forward", "bf16", "i64", "sbv_bs")
+        self.assertEqual(str(key), "op=forward,logits=bf16,labels=i64,layout=sbv_bs,"
+                                   "label_smoothing=off,z_loss=off,overwrite=0,weights=none")
+        key = cegen.VariantKey("fused", "f32", "i32", "flat", True, True, True, "token")
+        self.assertEqual(str(key), "op=fused,logits=f32,labels=i32,layout=flat,"
+                                   "label_smoothing=on,z_loss=on,overwrite=1,weights=token")
 
     def test_ce_gen_options(self) -> None:
-        key = cegen.VariantKey("backward", "f16", "i64", "sbv_sb", None, 0.1, 0.0, True)
+        key = cegen.VariantKey("backward", "f16", "i64", "sbv_sb", True, False, True)
         self.assertEqual(key.ce_gen_options(), [
-            "--variant=op=backward,logits=f16,labels=i64,layout=sbv_sb,ignore_index=none,"
-            "label_smoothing=0.100000001,z_loss=0,overwrite=1,weights=none"])
+            "--variant=op=backward,logits=f16,labels=i64,layout=sbv_sb,"
+            "label_smoothing=on,z_loss=off,overwrite=1,weights=none"])
+
+    def test_serving_keys(self) -> None:
+        # The runtime's findServingKernel order: the key, then "on" kernels for a 0.
+        key = cegen.VariantKey("forward", "f32", "i64", "flat")
+        self.assertEqual([(k.label_smoothing, k.z_loss) for k in key.serving_keys()],
+                         [(False, False), (True, False), (False, True), (True, True)])
+        key = cegen.VariantKey("shard_stats", "f32", "i64", "flat")
+        self.assertEqual([(k.label_smoothing, k.z_loss) for k in key.serving_keys()],
+                         [(False, False), (True, False)])
 
     def test_rejects_inconsistent_keys(self) -> None:
         with self.assertRaises(ValueError):
@@ -348,19 +356,17 @@ class TestVariantKeys(unittest.TestCase):
             cegen.VariantKey("forward", "f64", "i64", "flat")
         with self.assertRaises(ValueError):
             cegen.VariantKey("forward", "f32", "i64", "flat", overwrite=True)
-        # The numbers follow cegen._validate's rules, so a key never reaches ce-gen with a
-        # value it would refuse or wrap.
-        for field, value, message in (("ignore_index", 2 ** 64, "ignore_index must be an integer"),
-                                      ("label_smoothing", None, "label_smoothing must be"),
-                                      ("z_loss", 1e39, "z_loss must be a finite"),
-                                      ("overwrite", "no", "overwrite must be True or False")):
+        with self.assertRaises(ValueError):
+            cegen.VariantKey("shard_stats", "f32", "i64", "flat", z_loss=True)
+        with self.assertRaises(ValueError):
+            cegen.VariantKey("fused", "f32", "i64", "flat", weights="scalar")
+        # Option values are not part of a key: its fields are flags.
+        for field, value in (("label_smoothing", 0.1), ("z_loss", 1e-4),
+                             ("overwrite", "no")):
             with self.subTest(field=field):
-                with self.assertRaisesRegex(cegen.InvalidInputError, message):
+                with self.assertRaisesRegex(cegen.InvalidInputError,
+                                            f"{field} must be True or False"):
                     cegen.VariantKey("backward", "f32", "i64", "flat", **{field: value})
-        with self.assertRaisesRegex(ValueError, "shard start must be an integer in \\[0, 7\\]"):
-            cegen.VariantKey("shard_stats", "f32", "i64", "flat", shard=(8, 8, False))
-        key = cegen.VariantKey("forward", "f32", "i64", "flat", np.int64(-100))
-        self.assertEqual(key, cegen.VariantKey("forward", "f32", "i64", "flat", -100))
 
 
 class TestConfiguration(unittest.TestCase):

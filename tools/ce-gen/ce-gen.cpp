@@ -85,15 +85,9 @@ VariantList zLosses("z-loss",
 VariantList overwrites("overwrite", cl::desc("0 (default), 1"),
                        cl::CommaSeparated, cl::cat(category));
 VariantList weightKinds("weights",
-                        cl::desc("scalar (default), token (fused only)"),
+                        cl::desc("token (default; scalar: the same kernel, "
+                                 "fused only)"),
                         cl::CommaSeparated, cl::cat(category));
-VariantList shards(
-    "shard",
-    cl::desc("none (default), local, global: a tensor-parallel vocabulary "
-             "slice (its bounds are run-time arguments), smoothing over the "
-             "slice (Megatron's) or the global vocabulary (shard_stats and "
-             "backward only)"),
-    cl::CommaSeparated, cl::cat(category));
 cl::list<std::string> variantKeys(
     "variant",
     cl::desc("Canonical variant keys (as manifests and the runtime's "
@@ -231,7 +225,6 @@ int main(int argc, char **argv) {
                           {zLosses.begin(), zLosses.end()},
                           {overwrites.begin(), overwrites.end()},
                           {weightKinds.begin(), weightKinds.end()},
-                          {shards.begin(), shards.end()},
                           {variantKeys.begin(), variantKeys.end()},
                           allVariants};
   CodegenOptions options;

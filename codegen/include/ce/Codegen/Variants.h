@@ -19,12 +19,12 @@
 namespace mlir::ce {
 
 /// Each field a list of values as given on the command line; an empty list
-/// takes the default (forward, bf16, i64, sbv_bs, off, off, 0, scalar,
-/// none). Option values (ignore_index, the coefficients, a shard's bounds)
-/// are kernel arguments, not variants.
+/// takes the default (forward, bf16, i64, sbv_bs, off, off, 0, token).
+/// Option values (ignore_index, the coefficients, a shard's bounds and
+/// smoothing) are kernel arguments, not variants.
 struct VariantOptions {
   std::vector<std::string> ops, logits, labels, layouts, smoothings, zLosses,
-      overwrites, weights, shards;
+      overwrites, weights;
   /// Canonical variant keys (`--variant=KEY`, KernelVariantKey::str()),
   /// taken as they are; they cannot be combined with the lists above.
   std::vector<std::string> keys;

@@ -73,8 +73,8 @@ enum class ArgRole {
   IgnoreIndex,    ///< i64, in force with kFlagIgnoreIndex
   LabelSmoothing, ///< f32 alpha of Megatron's formula (smoothing kernels)
   ZLoss,          ///< f32 z-loss coefficient (z-loss kernels)
-  ShardStart,     ///< i64 first global id of the slice (sharded kernels)
-  ShardVocab      ///< i64 global vocabulary (sharded kernels)
+  ShardStart,     ///< i64 first global id of the slice (backward, shard_stats)
+  ShardVocab      ///< i64 global vocabulary (backward, shard_stats)
 };
 inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::ShardVocab) + 1;
 
@@ -170,7 +170,7 @@ inline std::vector<ArgRole> expectedRoles(const KernelVariantKey &variant) {
 }
 
 /// An argument's rank and element type. The value roles have rank 0 and are
-/// passed by value; rank 0 weights are a 0-d memref.
+/// passed by value.
 struct ArgShape {
   int rank = 0;
   ElemType dtype = ElemType::F32;
@@ -191,8 +191,7 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
   case ArgRole::GradLoss:
     return {tokenRank, ElemType::F32};
   case ArgRole::Weights:
-    return {variant.weights == WeightsKind::Scalar ? 0 : tokenRank,
-            ElemType::F32};
+    return {tokenRank, ElemType::F32};
   case ArgRole::Stats:
     return {tokenRank + 1, ElemType::F32};
   case ArgRole::Status:

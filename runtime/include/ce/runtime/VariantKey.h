@@ -20,7 +20,9 @@ namespace ce {
 enum class KernelOp { Forward, Backward, Fused, ShardStats };
 enum class ElemType { BF16, F16, F32, I32, I64 };
 enum class LabelLayout { Flat, SbvBs, SbvSb };
-enum class WeightsKind { None, Scalar, Token };
+/// A fused kernel's gradient weights are per-token (a scalar weight is a
+/// per-token tensor of stride 0); the other ops take none.
+enum class WeightsKind { None, Token };
 
 inline const char *stringify(KernelOp op) {
   switch (op) {
@@ -68,8 +70,6 @@ inline const char *stringify(WeightsKind kind) {
   switch (kind) {
   case WeightsKind::None:
     return "none";
-  case WeightsKind::Scalar:
-    return "scalar";
   case WeightsKind::Token:
     return "token";
   }
@@ -107,30 +107,18 @@ enum KernelFlag : int64_t {
   /// The `ignore_index` argument is in force: tokens whose label equals it
   /// are ignored. Without the bit no token is ignored.
   kFlagIgnoreIndex = 2,
+  /// A vocabulary slice smooths over the global vocabulary (`shard_vocab`)
+  /// instead of its own V_local (Megatron-Core's vocab-parallel default).
+  kFlagGlobalSmoothing = 4,
 };
-
-/// How a tensor-parallel kernel smooths: over its slice (Megatron-Core's
-/// vocab-parallel cross entropy) or over the global vocabulary. The slice's
-/// start and the global vocabulary are run-time arguments.
-enum class ShardKind { None, Local, Global };
-
-inline const char *stringify(ShardKind kind) {
-  switch (kind) {
-  case ShardKind::None:
-    return "none";
-  case ShardKind::Local:
-    return "local";
-  case ShardKind::Global:
-    return "global";
-  }
-  return "?";
-}
 
 /// Everything that selects one compiled kernel (bundle format version 3).
 /// Shapes, strides and option values (ignore_index, the smoothing and z-loss
-/// coefficients, a shard's bounds) are run-time arguments, not part of the
-/// key; the key says only whether smoothing and z-loss are computed at all,
-/// so that the common kernel does no work for them.
+/// coefficients, a shard's bounds and how it smooths) are run-time
+/// arguments, not part of the key; the key says only whether smoothing and
+/// z-loss are computed at all, so that the common kernel does no work for
+/// them. Every backward and shard_stats kernel takes a vocabulary slice (an
+/// unsharded backward is the slice [0, V) of V).
 struct KernelVariantKey {
   KernelOp op = KernelOp::Forward;
   ElemType logits = ElemType::BF16;
@@ -140,9 +128,6 @@ struct KernelVariantKey {
   bool zLoss = false;
   bool overwrite = false;
   WeightsKind weights = WeightsKind::None;
-  ShardKind shard = ShardKind::None;
-
-  bool sharded() const { return shard != ShardKind::None; }
 
   std::string str() const {
     std::string key = "op=";
@@ -161,26 +146,20 @@ struct KernelVariantKey {
     key += overwrite ? "1" : "0";
     key += ",weights=";
     key += stringify(weights);
-    // Only sharded keys carry the field.
-    if (sharded()) {
-      key += ",shard=";
-      key += stringify(shard);
-    }
     return key;
   }
 };
 
 /// Parses a variant key written by KernelVariantKey::str(). Only the
 /// canonical spelling is accepted: every field present, in order, with the
-/// exact value spelling str() produces (so `parse(k)->str() == k`); the
-/// trailing `shard` field is present exactly for sharded kernels. Returns
+/// exact value spelling str() produces (so `parse(k)->str() == k`). Returns
 /// std::nullopt for anything else, including version 2 keys (whose
 /// option fields held values).
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
   static constexpr const char *fieldNames[] = {
       "op",     "logits", "labels",    "layout", "label_smoothing",
-      "z_loss", "overwrite", "weights", "shard"};
+      "z_loss", "overwrite", "weights"};
   constexpr size_t numFields = sizeof(fieldNames) / sizeof(fieldNames[0]);
   std::string_view values[numFields];
   size_t present = 0;
@@ -200,7 +179,7 @@ parseKernelVariantKey(std::string_view text) {
       return std::nullopt;
     values[present++] = field.substr(eq + 1);
   }
-  if (present < numFields - 1)
+  if (present < numFields)
     return std::nullopt;
 
   KernelVariantKey key;
@@ -227,11 +206,7 @@ parseKernelVariantKey(std::string_view text) {
       !onOff(values[4], key.smoothing, "on", "off") ||
       !onOff(values[5], key.zLoss, "on", "off") ||
       !onOff(values[6], key.overwrite, "1", "0") ||
-      !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Scalar,
-            WeightsKind::Token))
-    return std::nullopt;
-  if (present == numFields &&
-      !pick(values[8], key.shard, ShardKind::Local, ShardKind::Global))
+      !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Token))
     return std::nullopt;
   return key;
 }

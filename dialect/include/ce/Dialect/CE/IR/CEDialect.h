@@ -20,6 +20,8 @@ enum RuntimeFlag : int64_t {
   kFlagMegatronLabels = 1,
   /// The `ignore_index` operand is in force.
   kFlagIgnoreIndex = 2,
+  /// A shard smooths over its global vocabulary (as `global_smoothing`).
+  kFlagGlobalSmoothing = 4,
 };
 
 } // namespace mlir::ce

@@ -84,6 +84,8 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     - bit 1, the `ignore_index` operand is in force: without it no token is
       ignored (the operand's value is not read). An `ignore_index`
       attribute is always in force.
+    - bit 2, a sharded op smooths over the global vocabulary, as the
+      `shard` attribute's `global_smoothing = true` does.
   }];
 }
 
