@@ -53,8 +53,9 @@ LOG: List[str] = []
 
 #: name -> ce-gen options (with --target and -o added). "full" is test/gpu/prepare_device_run.sh's
 #: three bundles for the H200 (test/runtime/CMakeLists.txt's numerics bundles): every op, dtype,
-#: label dtype and layout; smoothing off/on x z-loss off/on; overwrite with scalar and token
-#: weights. "smoke" is a few of them (ctest). Bundle format version 3: the option values
+#: label dtype and layout; smoothing off/on x z-loss off/on; overwrite on and off (fused kernels
+#: take per-token weights: a scalar weight is one of stride 0, a case of its own). "smoke" is a
+#: few of them (ctest). Bundle format version 3: the option values
 #: (ignore_index, the smoothing and z-loss coefficients) are kernel arguments, which every case
 #: draws for itself (test_h200.draw_values).
 BUNDLE_SETS = {
@@ -64,10 +65,10 @@ BUNDLE_SETS = {
                    "--overwrite=0", "--weights=token"],
         "options": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
                     "--layout=sbv_bs", "--label-smoothing=off,on", "--z-loss=off,on",
-                    "--overwrite=0", "--weights=scalar"],
+                    "--overwrite=0", "--weights=token"],
         "overwrite": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
                       "--layout=flat,sbv_sb", "--label-smoothing=on", "--z-loss=on",
-                      "--overwrite=1", "--weights=scalar,token"],
+                      "--overwrite=1", "--weights=token"],
     },
     "smoke": {
         "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",

@@ -4,10 +4,12 @@
 #   .dev/lib/libce_runtime.so   the runtime (test/gpu/build_device_runtime.sh)
 #   .dev/api/bundles/api        sm_90 forward/backward/fused, bf16 logits, int64 labels,
 #                               [N,V] and [S,B,V] (Megatron's), no smoothing or z-loss,
-#                               overwrite 0/1, scalar and per-token weights (ignore_index
-#                               is a run-time argument since bundle format version 3)
-#   .dev/api/bundles/shard      shard_stats + backward of a vocabulary slice, smoothing over
-#                               the slice (the slice's bounds are run-time arguments)
+#                               overwrite 0/1, per-token weights (a scalar weight is one of
+#                               stride 0; ignore_index is a run-time argument since bundle
+#                               format version 3)
+#   .dev/api/bundles/shard      shard_stats of a vocabulary slice (a slice's bounds and how it
+#                               smooths are run-time arguments; its backward is api's backward,
+#                               which takes every slice)
 #   .dev/peers                  flash-attention's and Liger's cross-entropy sources, copied
 #                               from .dev/peers-amd when that holds them (bench/peers.py's
 #                               layout; docs/PERFORMANCE.md says how to fetch them otherwise)
@@ -24,9 +26,8 @@ rm -rf .dev/api/bundles
 mkdir -p .dev/api/bundles
 common=(--target=sm_90 --logits=bf16 --labels=i64 --label-smoothing=off --z-loss=off)
 "$CE_GEN" "${common[@]}" -o .dev/api/bundles/api --op=forward,backward,fused \
-  --layout=flat,sbv_bs --overwrite=0,1 --weights=scalar,token
-"$CE_GEN" "${common[@]}" -o .dev/api/bundles/shard --op=shard_stats,backward \
-  --layout=flat --overwrite=0,1 --shard=local
+  --layout=flat,sbv_bs --overwrite=0,1 --weights=token
+"$CE_GEN" "${common[@]}" -o .dev/api/bundles/shard --op=shard_stats --layout=flat
 if [ ! -d .dev/peers ] && [ -d .dev/peers-amd/flash_attn ] && [ -d .dev/peers-amd/liger_kernel ]; then
   mkdir -p .dev/peers
   cp -r .dev/peers-amd/flash_attn .dev/peers-amd/liger_kernel .dev/peers/

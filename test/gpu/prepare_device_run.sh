@@ -30,9 +30,9 @@ common=(--target=sm_90 --op=forward,backward,fused --logits=bf16,f16,f32)
   --overwrite=0 --weights=token
 "$CE_GEN" "${common[@]}" -o .dev/bundles/options --labels=i64 \
   --layout=sbv_bs --label-smoothing=off,on --z-loss=off,on --overwrite=0 \
-  --weights=scalar
+  --weights=token
 "$CE_GEN" "${common[@]}" -o .dev/bundles/overwrite --labels=i64 \
   --layout=flat,sbv_sb --label-smoothing=on --z-loss=on --overwrite=1 \
-  --weights=scalar,token
+  --weights=token
 echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
 du -sh .dev/lib .dev/bundles

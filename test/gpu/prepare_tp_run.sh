@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds, on this machine, what test/gpu/tp_h200.py needs on a two-GPU
 # machine without LLVM, under .dev/tp (git-ignored): the runtime library and
-# sm_90 bundles with the shard kernels (smoothing over the slice and over the
-# global vocabulary; a slice's bounds are run-time arguments since bundle
-# format version 3, so they serve every rank and V), and the single-GPU
-# kernels the TP=1 comparison uses. Then, on the GPU machine (the `run` tool carries .dev/tp and
+# sm_90 bundles with the shard_stats kernels and the forward, backward and
+# fused kernels (a slice's bounds and whether it smooths over the slice or the
+# global vocabulary are run-time arguments since bundle format version 3, so
+# one kernel serves every rank and V, and every backward takes a slice: the
+# sharded backward and the TP=1 comparison's are the same kernels). Then, on the GPU machine (the `run` tool carries .dev/tp and
 # .dev/megatron):
 #   python3 test/gpu/tp_h200.py --runtime .dev/tp/lib/libce_runtime.so \
 #     --bundles .dev/tp/bundles/shards .dev/tp/bundles/whole \
@@ -16,9 +17,8 @@ test/gpu/build_device_runtime.sh .dev/tp/lib
 rm -rf .dev/tp/bundles
 common=(--target=sm_90 --logits=bf16,f32 --labels=i64 --layout=sbv_bs
   --label-smoothing=off,on --z-loss=off,on)
-"$CE_GEN" "${common[@]}" -o .dev/tp/bundles/shards --op=shard_stats,backward \
-  --overwrite=0,1 --shard=local,global
+"$CE_GEN" "${common[@]}" -o .dev/tp/bundles/shards --op=shard_stats
 "$CE_GEN" "${common[@]}" -o .dev/tp/bundles/whole --op=forward,backward,fused \
-  --overwrite=0,1 --weights=scalar,token
+  --overwrite=0,1 --weights=token
 echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
 du -sh .dev/tp/lib .dev/tp/bundles/*

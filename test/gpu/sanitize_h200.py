@@ -6,7 +6,7 @@ compute-sanitizer, from the repository root, with a runtime library and sm_90 bu
 elsewhere by ``test/gpu/prepare_sanitize_run.sh DIR``::
 
     python3 test/gpu/sanitize_h200.py --runtime DIR/lib/libce_runtime.so \\
-        --bundles DIR/kinds DIR/plain --shard-bundles DIR/shards --out $OUT
+        --bundles DIR/kinds DIR/plain --shard-bundles DIR/shards DIR/slices --out $OUT
 
 The script starts itself once per tool under ``compute-sanitizer --tool T`` (racecheck with
 ``--racecheck-report all``; the tools run side by side, one process each), and each run
@@ -15,11 +15,15 @@ runtime picks the short-, 64 KB- and 128 KB-row kernels by V) and shard_stats, o
 V = 7 to 128256 (odd V; rows whose whole vector part fits the fused kernels' row cache, with
 a masked last step, and rows that do not), offset and strided views of every tensor (the
 cases of test_h200.py: padding around every view must survive), ``[S,B,V]`` layouts,
-overwrite on and off, token and scalar weights, label smoothing and z-loss on and off
+overwrite on and off, token and 0-d (scalar) weights, label smoothing and z-loss on and off
 (the option values drawn per case, as test_h200.py draws them: bundle format version 3),
 special rows (-inf rows, maxima past 2^24: the exact re-sweep), an all-ignored batch, and a
-bad label per kernel. Each result is checked against the float64 reference of test_h200.py
-(shard_stats against its own), so a run that the tools pass also computed the right numbers.
+bad label per kernel; and the kernels of the shard bundles (shard_stats, and backward, which
+takes every slice since the key has no shard field) on vocabulary slices at 0 and 1000 of a
+larger vocabulary, smoothing over the slice and over the whole vocabulary (the run-time
+``shard_global_smoothing``). Each result is checked against the float64 reference of
+test_h200.py (the slices against their own), so a run that the tools pass also computed the
+right numbers.
 PyTorch's caching allocator is off in the checked processes (``PYTORCH_NO_CUDA_MEMORY_CACHING``),
 so that memcheck sees every tensor as an allocation of its own.
 
@@ -74,7 +78,7 @@ def cases():
         Case("views-vocab1000", 6, 2, 3, 1000, True, True, False, False),
         Case("views-vocab4095", 8, 2, 4, 4095, True, True, False, False),
         Case("vocab20001", 3, 1, 3, 20001, False, False, False, False),
-        Case("views-vocab32000", 3, 1, 3, 32000, True, True, True, False),
+        Case("views-vocab32000", 3, 1, 3, 32000, True, True, True, False, scalar_weight=True),
         Case("views-vocab40961", 2, 2, 1, 40961, True, False, False, False),
         Case("vocab80001", 2, 1, 2, 80001, False, True, False, False),
         Case("views-vocab128256", 2, 1, 2, 128256, True, False, False, False),
@@ -104,11 +108,107 @@ def shard_reference(x, labels, start: int, vocab: int, ignore_index: Optional[in
     return torch.stack([top, rest, target, total], dim=-1), x.abs().sum(dim=-1)
 
 
+def shard_backward_reference(full, labels, scale, start: int, stop: int,
+                             ignore_index: Optional[int], alpha: float, z: float,
+                             global_smoothing: bool):
+    """The float64 gradient slice [start, stop) of rows `full` (the whole vocabulary) for the
+    upstream gradient `scale`: g ((1 + 2 z lse) p - (1 - s) onehot - s / V_s), V_s the whole
+    vocabulary or the slice's (tp_h200.py's reference, with any ignore_index)."""
+    import torch
+
+    lse = torch.logsumexp(full, dim=-1)
+    grad = torch.exp(full[:, start:stop] - lse[:, None]) * (1 + 2 * z * lse[:, None])
+    local = labels - start
+    inside = (local >= 0) & (local < stop - start)
+    onehot = torch.zeros_like(grad)
+    onehot[inside, local[inside]] = 1.0
+    vs = full.shape[-1] if global_smoothing else stop - start
+    s = alpha * vs / (vs - 1) if alpha else 0.0
+    grad = grad - (1 - s) * onehot - s / vs
+    ignored = (torch.zeros_like(labels, dtype=torch.bool) if ignore_index is None
+               else labels == ignore_index)
+    grad = grad * scale[:, None]
+    return torch.where(ignored[:, None], torch.zeros_like(grad), grad), lse
+
+
+def run_shard_backward(bundle: str, text: str, seed: int, failures: List[str], dev) -> int:
+    """Backward kernel `text` of `bundle` on slices of V of SHARD_VOCABS entries at 0 and at
+    1000 of the whole vocabulary (V + 1017 entries), smoothing over the slice and over the
+    whole vocabulary in turn (``Shard.global_smoothing``, a run-time flag), the option values
+    drawn per V as test_h200's cases draw them, the logits and the gradient strided views;
+    the gradient against :func:`shard_backward_reference`. Returns the number of launches."""
+    import torch
+
+    from cegen import _kernels
+    from test_h200 import Case, Key, draw_values, mix
+
+    key = Key.parse(text)
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[key.logits]
+    launches = 0
+    for index, v in enumerate(SHARD_VOCABS):
+        s, b = 3, 2
+        n = s * b
+        start, vocab = (0, 1000)[index % 2], v + 1017
+        global_smoothing = (index // 2) % 2 == 1
+        values = draw_values(key, Case(f"shard-vocab{v}", n, s, b, v, True, False, False, False),
+                             False, mix(seed, f"{text}/{v}/options"))
+        options = _kernels.KernelOptions(
+            ignore_index=values.ignore_index, label_smoothing=values.label_smoothing,
+            z_loss=values.z_loss, label_layout="bs", bundle=bundle,
+            shard=_kernels.Shard(start, vocab, global_smoothing))
+        gen = torch.Generator().manual_seed(mix(seed, f"{text}/{v}"))
+        full = (torch.randn((n, vocab), generator=gen, dtype=torch.float64) * 2).to(dtype)
+        full = full.to(torch.float64)
+        labels = torch.randint(0, vocab, (n,), generator=gen)
+        inside = torch.rand((n,), generator=gen) < 0.5
+        labels = torch.where(inside, start + torch.randint(0, v, (n,), generator=gen), labels)
+        if values.ignore_index is not None:
+            labels[0] = values.ignore_index
+        scale = torch.empty((n,), dtype=torch.float32).uniform_(-2, 2, generator=gen)
+        ref, lse = shard_backward_reference(full, labels, scale.to(torch.float64), start,
+                                            start + v, values.ignore_index,
+                                            values.label_smoothing, values.z_loss,
+                                            global_smoothing)
+        storage = torch.full((n * (v + 3) + 8,), -7777.0, dtype=dtype, device=dev)
+        rows = storage.as_strided((n, v), (v + 3, 1), 5)
+        rows.copy_(full[:, start:start + v].to(dtype).to(dev))
+        if key.layout == "flat":
+            logits, labels_dev = rows, labels.to(dev)
+            lse_dev, scale_dev = lse.to(torch.float32).to(dev), scale.to(dev)
+        else:
+            # [S,B,V] logits with [B,S] token tensors: token (b, s) is row s*B + b.
+            logits = rows.view(s, b, v)
+            labels_dev = labels.view(s, b).t().contiguous().to(dev)
+            lse_dev = lse.to(torch.float32).view(s, b).t().contiguous().to(dev)
+            scale_dev = scale.view(s, b).t().contiguous().to(dev)
+        grad = _kernels.backward(logits, labels_dev, lse_dev, scale_dev, options,
+                                 overwrite=key.overwrite)
+        if key.overwrite:
+            grad = logits
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        launches += 1
+        got = grad.reshape(n, v).to(torch.float64).cpu()
+        # One ulp of the logits dtype (bf16, f16), 1e-5 (f32), of the row's largest |r|.
+        unit = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11, "f32": 1e-5}[key.logits]
+        tolerance = unit * ref.abs().amax(dim=-1, keepdim=True).clamp(min=1e-3)
+        bad = ~((got - ref).abs() <= tolerance)
+        if bad.any() or not bool((storage[:5] == -7777.0).all()):
+            where = bad.nonzero()[:3].tolist()
+            failures.append(f"backward {text} V={v} slice at {start} of {vocab} "
+                            f"{'global' if global_smoothing else 'local'} smoothing "
+                            f"({values.values_text()}): {int(bad.sum())} values off, first "
+                            f"{where}: {got[bad][:3].tolist()} vs {ref[bad][:3].tolist()}")
+    return launches
+
+
 def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev) -> int:
     """Every shard_stats kernel of the bundles on every V of SHARD_VOCABS, flat and [S,B,V],
-    the logits a strided view, a slice at 0 or at 1000 of a 300000-entry vocabulary (run-time
-    arguments since bundle format version 3, as the ignore_index, drawn per V as test_h200's
-    cases draw it); returns the number of launches."""
+    the logits a strided view, a slice at 0 or at 1000 of a 300000-entry vocabulary, smoothing
+    over the slice or the whole vocabulary (``Shard.global_smoothing``; run-time arguments
+    since bundle format version 3, as the ignore_index, drawn per V as test_h200's cases draw
+    it); and every backward kernel of the bundles on slices (:func:`run_shard_backward`).
+    Returns the number of launches."""
     import torch
 
     from cegen import _kernels
@@ -121,15 +221,27 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
     for directory in bundle_dirs:
         bundle = rt.open_bundle(Path(directory).resolve())
         for text, kernel_target in bundle.kernels():
-            if kernel_target != target or not text.startswith("op=shard_stats"):
+            if kernel_target != target:
                 continue
             key = Key.parse(text)
+            if key.op == "backward":
+                t0 = time.time()
+                before = len(failures)
+                launches += run_shard_backward(str(Path(directory).resolve()), text, seed,
+                                               failures, dev)
+                log(f"[{'FAIL' if len(failures) > before else ' ok '}] {text} sliced "
+                    f"({time.time() - t0:.2f} s)")
+                continue
+            if key.op != "shard_stats":
+                continue
             dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[key.logits]
             t0 = time.time()
+            before = len(failures)
             for index, v in enumerate(SHARD_VOCABS):
                 s, b = 3, 2
                 n = s * b
                 start, vocab = (0, 1000)[index % 2], 300000
+                global_smoothing = (index // 2) % 2 == 1
                 # The ignore_index of the case; smoothing only says whether the kernel sums
                 # the row (a coefficient of 0 would select the "off" kernel).
                 values = draw_values(key, Case(f"shard-vocab{v}", n, s, b, v, True, False,
@@ -139,7 +251,7 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                     ignore_index=values.ignore_index,
                     label_smoothing=0.1 if key.smoothing_on else 0.0, z_loss=0.0,
                     label_layout="bs", bundle=str(Path(directory).resolve()),
-                    shard=_kernels.Shard(start, vocab, key.shard == "global"))
+                    shard=_kernels.Shard(start, vocab, global_smoothing))
                 gen = torch.Generator().manual_seed(mix(seed, f"{text}/{v}"))
                 x = (torch.randn((n, v), generator=gen, dtype=torch.float64) * 2).to(dtype)
                 labels = torch.randint(0, vocab, (n,), generator=gen)
@@ -179,10 +291,12 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                 if bad.any() or not bool((storage[:5] == -7777.0).all()):
                     where = bad.nonzero()[:3].tolist()
                     failures.append(f"shard_stats {text} V={v} slice at {start} of {vocab} "
+                                    f"{'global' if global_smoothing else 'local'} smoothing "
                                     f"({values.values_text()}): {int(bad.sum())} values off, "
                                     f"first {where}: {got[bad][:3].tolist()} vs "
                                     f"{ref[bad][:3].tolist()}")
-            log(f"[{'FAIL' if failures else ' ok '}] {text} ({time.time() - t0:.2f} s)")
+            log(f"[{'FAIL' if len(failures) > before else ' ok '}] {text} "
+                f"({time.time() - t0:.2f} s)")
     return launches
 
 
@@ -345,7 +459,8 @@ def outer(args: argparse.Namespace) -> int:
               f"{json.dumps(entry['other_kernels'])[:120]}); {run.get('kernels')} keys, "
               f"{run.get('checks')} checks, {run.get('failures')} failures, "
               f"{run.get('skipped')} keys left out (budget), "
-              f"{run.get('shard_stats_launches')} shard_stats launches; rc {rc}, "
+              f"{run.get('shard_stats_launches')} slice launches (shard_stats, backward); "
+              f"rc {rc}, "
               f"{entry['seconds']} s", flush=True)
     results["pass"] = ok
     with open(out / f"sanitize-{args.label}.json", "w") as stream:
@@ -359,7 +474,8 @@ def main() -> int:
     parser.add_argument("--bundles", nargs="+", required=True,
                         help="bundles with forward/backward/fused kernels")
     parser.add_argument("--shard-bundles", nargs="*", default=[],
-                        help="bundles with shard_stats kernels")
+                        help="bundles with shard_stats (and backward) kernels, run on "
+                             "vocabulary slices")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--label", default="run", help="names the output files")
     parser.add_argument("--tools", default=",".join(TOOLS))

@@ -20,7 +20,8 @@ numerics   every kernel of the bundles on the cases of test/runtime/NumericsTest
            [B,S]/[S,B] labels, strided/padded/transposed views of every tensor, -inf rows,
            a confident row, +100 offsets, maxima past 2^24 and near 2^100, a half row
            near -1e30, a row whose plain sum overflows, ignored tokens and an all-ignored batch,
-           per-token and stride-0 upstream gradients or weights, overwrite on/off. Option
+           per-token and stride-0 upstream gradients or weights (and a 0-d weight, which
+           the runtime passes as per-token of stride 0), overwrite on/off. Option
            values are kernel arguments (bundle format version 3): each case draws its own,
            as NumericsTest does (an ignore_index of -100, -7 or class 3 on most cases;
            where the kernel computes them, smoothing in [0.01, 0.3] and z-loss in
@@ -106,7 +107,6 @@ class Key:
     z_loss_on: bool
     overwrite: bool
     weights: str
-    shard: Optional[str]
     text: str
     # The run-time values of one case.
     ignore_index: Optional[int] = None
@@ -116,22 +116,24 @@ class Key:
     @staticmethod
     def parse(text: str) -> "Key":
         """A version 3 key as ``ce::KernelVariantKey::str()`` spells it, with the values
-        none/0/0; anything else (a version 2 key with option values) is an error."""
+        none/0/0; anything else (a version 2 key with option values, or one with a ``shard``
+        field or ``weights=scalar``, which no kernel has since every backward takes a
+        vocabulary slice and a scalar weight is a per-token weight of stride 0) is an
+        error."""
         names = ["op", "logits", "labels", "layout", "label_smoothing", "z_loss", "overwrite",
                  "weights"]
         items = [item.split("=", 1) for item in text.split(",")]
         got = [item[0] for item in items]
-        if got not in (names, names + ["shard"]) or any(len(item) != 2 for item in items):
+        if got != names or any(len(item) != 2 for item in items):
             raise ValueError(f"not a version 3 variant key: {text!r}")
         fields = dict(items)
         for name, allowed in (("label_smoothing", ("on", "off")), ("z_loss", ("on", "off")),
-                              ("overwrite", ("0", "1")),
-                              ("shard", ("local", "global", None))):
+                              ("overwrite", ("0", "1")), ("weights", ("none", "token"))):
             if fields.get(name) not in allowed:
                 raise ValueError(f"variant key {text!r}: {name}={fields.get(name)!r}")
         return Key(fields["op"], fields["logits"], fields["labels"], fields["layout"],
                    fields["label_smoothing"] == "on", fields["z_loss"] == "on",
-                   fields["overwrite"] == "1", fields["weights"], fields.get("shard"), text)
+                   fields["overwrite"] == "1", fields["weights"], text)
 
     def with_values(self, ignore_index: Optional[int], label_smoothing: float = 0.0,
                     z_loss: float = 0.0) -> "Key":
@@ -209,6 +211,9 @@ class Case:
     all_ignored: bool
     #: CE_LABEL_POLICY_MEGATRON, with every third label outside [0, V).
     megatron_labels: bool = False
+    #: A fused kernel's broadcast weight is a 0-d tensor (which the runtime passes as
+    #: per-token weights of stride 0) instead of a token-shaped tensor of stride 0.
+    scalar_weight: bool = False
 
 
 CASES = [
@@ -217,7 +222,7 @@ CASES = [
     Case("vocab2", 37, 5, 7, 2, False, False, False, False),
     Case("views-vocab7", 45, 5, 9, 7, True, True, True, False),
     Case("vocab4095", 24, 4, 6, 4095, False, True, False, False),
-    Case("views-vocab32000", 3, 1, 3, 32000, True, True, True, False),
+    Case("views-vocab32000", 3, 1, 3, 32000, True, True, True, False, scalar_weight=True),
     Case("vocab50257", 2, 2, 1, 50257, False, True, False, False),
     Case("views-vocab128256", 2, 1, 2, 128256, True, False, False, False),
     Case("special-vocab32000", 7, 7, 1, 32000, False, True, False, False),
@@ -455,8 +460,8 @@ class Problem:
         self.x, self.labels = x, labels
         # The per-token scale: grad_loss (backward) or weights (fused).
         self.scale = torch.zeros((n,), dtype=torch.float64)
-        self.scale_scalar = key.op == "fused" and key.weights == "scalar"
-        self.scale_broadcast = self.scale_scalar or case.broadcast
+        self.scale_scalar = key.op == "fused" and case.broadcast and case.scalar_weight
+        self.scale_broadcast = case.broadcast
         if key.op != "forward":
             common = float(torch.empty(1, dtype=torch.float32).uniform_(-2, 2, generator=gen))
             values = torch.empty((n,), dtype=torch.float32).uniform_(-2, 2, generator=gen)
@@ -805,7 +810,8 @@ def run_bad_label(h: Harness, report: Report, key: Key, bad_token: int, bad_labe
                           h.desc(lse, "f32"), h.desc(scale, "f32"),
                           None if key.overwrite else h.desc(grad, key.logits), stream)
         else:
-            weights = (torch.tensor(1.0, device=dev) if key.weights == "scalar"
+            # A 0-d weight with overwrite, per-token weights without.
+            weights = (torch.tensor(1.0, device=dev) if key.overwrite
                        else torch.ones(p.token_shape, device=dev))
             h.rt.fused(h.kernels[key.text], h.options(key, key.overwrite),
                        h.desc(logits, key.logits), h.desc(labels, key.labels),
@@ -877,11 +883,12 @@ def run_kernel(h: Harness, report: Report, text: str, cases: Sequence[Case], see
 def part_numerics(h: Harness, seed: int, results: Dict, filter_text: str) -> None:
     report = Report()
     matched = sorted(k for k in h.kernels if filter_text in k)
-    # Sharded kernels need a slice's bounds and shard statistics: tp_h200.py's and
-    # sanitize_h200.py's, not these cases'.
-    keys = [k for k in matched if Key.parse(k).shard is None]
+    # shard_stats kernels write a slice's statistics, not a loss: tp_h200.py's and
+    # sanitize_h200.py's, not these cases'. (Backward kernels run here as the slice [0, V)
+    # of V, which the runtime passes to every unsharded backward.)
+    keys = [k for k in matched if Key.parse(k).op != "shard_stats"]
     if len(keys) < len(matched):
-        log(f"numerics: {len(matched) - len(keys)} sharded kernels left to tp_h200.py")
+        log(f"numerics: {len(matched) - len(keys)} shard_stats kernels left to tp_h200.py")
     coverage: Dict[str, set] = {}
     start = time.time()
     for text in keys:
