@@ -10,8 +10,8 @@
 #      named by CE_WHEEL_RUNTIME;
 #   3. python/ staged with the runtime as cegen/libce_runtime.so and the bundles as
 #      cegen/prebuilt-kernels/<target>/, built into a py3-none-linux_x86_64 wheel.
-# Output in build/wheel/: the wheel, and kernels.json (per target: kernels, bytes,
-# seconds; the wheel's name and size). Needs scripts/build.sh to have run.
+# Output in build/wheel/: the wheel, and kernels.json (per target: kernels, bytes on disk and
+# in the wheel, seconds; the wheel's name and size). Needs scripts/build.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -30,7 +30,7 @@ fi
 
 # The kernels of every target's bundle: the one line to change for another set.
 emit_bundle() {  # TARGET DIR
-  "$CE_GEN" --target="$1" -o "$2" --op=forward,backward,fused --logits=bf16,f32 --layout=flat,sbv_bs --label-smoothing=on --z-loss=on
+  "$CE_GEN" --target="$1" -o "$2" --all
 }
 
 # A bundle is reused only if this function and the ce-gen binary are unchanged.
@@ -110,7 +110,8 @@ wheel=$(ls "$OUT"/cegen-*.whl)
 import datetime, json, os, sys, zipfile
 wheel, bundles, seconds, jobs, command, targets = (sys.argv[1], sys.argv[2], sys.argv[3],
                                                    sys.argv[4], sys.argv[5], sys.argv[6:])
-names = set(zipfile.ZipFile(wheel).namelist())
+entries = zipfile.ZipFile(wheel).infolist()
+names = {entry.filename for entry in entries}
 needed = ["cegen/libce_runtime.so", "cegen/__init__.py"] + [
     f"cegen/prebuilt-kernels/{target}/manifest.json" for target in targets]
 missing = [name for name in needed if name not in names]
@@ -125,12 +126,16 @@ figures = {
     "bundles_wall_seconds_this_run": float(seconds),
     "targets": [json.load(open(os.path.join(bundles, f"{target}.json"))) for target in targets],
 }
+for row in figures["targets"]:  # what each target adds to the wheel, compressed
+    prefix = f"cegen/prebuilt-kernels/{row['target']}/"
+    row["bytes_in_wheel"] = sum(e.compress_size for e in entries if e.filename.startswith(prefix))
 with open(os.path.join(os.path.dirname(wheel), "kernels.json"), "w") as out:
     json.dump(figures, out, indent=1)
     out.write("\n")
-print(f"{'target':8} {'kernels':>8} {'bytes':>12} {'seconds':>8}")
+print(f"{'target':8} {'kernels':>8} {'bytes':>12} {'in wheel':>12} {'seconds':>8}")
 for row in figures["targets"]:
-    print(f"{row['target']:8} {row['kernels']:8d} {row['bytes']:12d} {row['seconds']:8.1f}")
+    print(f"{row['target']:8} {row['kernels']:8d} {row['bytes']:12d} {row['bytes_in_wheel']:12d} "
+          f"{row['seconds']:8.1f}")
 EOF
 echo "== $wheel ($(stat -c %s "$wheel") bytes; figures in $OUT/kernels.json)"
 echo "Install it into a virtual environment that sees Debian's torch (or one with pip's torch):"

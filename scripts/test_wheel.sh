@@ -7,9 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEEL=$(realpath "${1:-$(ls build/wheel/cegen-*.whl)}")
-# The tests run against the installed package: test_installed_package.py, and existing test
-# files whose kernels the prebuilt bundles hold.
-TESTS=(test_installed_package)
+# The tests run against the installed package: test_installed_package.py, and
+# test_cross_entropy.py (numerics of every dtype, label type, layout and option through the
+# public API, all from the prebuilt host bundle).
+TESTS=(test_installed_package test_cross_entropy)
 
 started=$EPOCHREALTIME
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/cegen-wheel-test.XXXXXX")
