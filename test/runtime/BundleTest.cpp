@@ -600,25 +600,27 @@ TEST(VariantKey, ParsesOnlyCanonicalKeys) {
   EXPECT_EQ(parsed->str(), key.str());
   EXPECT_TRUE(parsed->smoothing);
   EXPECT_TRUE(parsed->zLoss);
-  EXPECT_FALSE(parsed->sharded());
 
-  KernelVariantKey sharded;
-  sharded.op = KernelOp::Backward;
-  sharded.smoothing = true;
-  for (ShardKind kind : {ShardKind::Local, ShardKind::Global}) {
-    sharded.shard = kind;
-    SCOPED_TRACE(sharded.str());
-    EXPECT_EQ(sharded.str(),
-              "op=backward,logits=bf16,labels=i64,layout=flat,"
-              "label_smoothing=on,z_loss=off,overwrite=0,weights=none,shard=" +
-                  std::string(stringify(kind)));
-    parsed = parseKernelVariantKey(sharded.str());
+  // Backward and shard_stats keys carry no shard field: every such kernel
+  // takes its vocabulary slice and how it smooths at run time.
+  KernelVariantKey backward;
+  backward.op = KernelOp::Backward;
+  backward.smoothing = true;
+  EXPECT_EQ(backward.str(), "op=backward,logits=bf16,labels=i64,layout=flat,"
+                            "label_smoothing=on,z_loss=off,overwrite=0,"
+                            "weights=none");
+  KernelVariantKey stats;
+  stats.op = KernelOp::ShardStats;
+  EXPECT_EQ(stats.str(), "op=shard_stats,logits=bf16,labels=i64,layout=flat,"
+                         "label_smoothing=off,z_loss=off,overwrite=0,"
+                         "weights=none");
+  for (const KernelVariantKey &k : {backward, stats}) {
+    parsed = parseKernelVariantKey(k.str());
     ASSERT_TRUE(parsed);
-    EXPECT_EQ(parsed->shard, kind);
-    EXPECT_EQ(parsed->str(), sharded.str());
+    EXPECT_EQ(parsed->op, k.op);
+    EXPECT_EQ(parsed->str(), k.str());
   }
 
-  sharded.shard = ShardKind::Local;
   for (const std::string &bad :
        {std::string(""), key.str() + ",", "," + key.str(),
         replaceOnce(key.str(), "label_smoothing=on", "label_smoothing=0.1"),
@@ -628,8 +630,12 @@ TEST(VariantKey, ParsesOnlyCanonicalKeys) {
         replaceOnce(key.str(), "op=fused,", ""),
         replaceOnce(key.str(), ",weights=token", ""), key.str() + ",shard=none",
         key.str() + ",shard=",
-        replaceOnce(sharded.str(), "shard=local", "shard=5/10/local"),
-        sharded.str() + ",x=1",
+        // The shard field and scalar weights are gone (run-time slice,
+        // stride-0 weights).
+        backward.str() + ",shard=local", backward.str() + ",shard=global",
+        stats.str() + ",shard=local", backward.str() + ",shard=5/10/local",
+        replaceOnce(key.str(), "weights=token", "weights=scalar"),
+        backward.str() + ",x=1",
         // Version 2 keys held the values.
         std::string("op=forward,logits=bf16,labels=i64,layout=sbv_bs,"
                     "ignore_index=-100,label_smoothing=0.1,z_loss=0,"

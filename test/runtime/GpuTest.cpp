@@ -294,10 +294,11 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.params[24], 0u);
   EXPECT_EQ(s.params[25], 1u);
   EXPECT_EQ(s.params[26], 1u);
-  // The values, all 0 by default, last.
+  // The values last: all 0 by default but the slice, [0, V) of V.
   ASSERT_EQ(s.numParams, 27 + kValueParams);
-  for (int i = 27; i < 27 + kValueParams; ++i)
+  for (int i = 27; i < 27 + kValueParams - 1; ++i)
     EXPECT_EQ(s.params[i], 0u) << "parameter " << i;
+  EXPECT_EQ(s.params[27 + kValueParams - 1], 7u);
   EXPECT_EQ(*lastStatusWord(), 0);
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
@@ -335,7 +336,7 @@ TEST_P(GpuTest, OptionValuesFollowTheDescriptorsByValue) {
     EXPECT_EQ(values[2], f32Param(0.125f));
     EXPECT_EQ(values[3], f32Param(3.0e-4f));
     EXPECT_EQ(values[4], 0u);
-    EXPECT_EQ(values[5], 0u);
+    EXPECT_EQ(values[5], uint64_t(p.v));
     EXPECT_EQ(s.params[0], uint64_t(uintptr_t(p.logits.data())));
   }
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
@@ -343,11 +344,11 @@ TEST_P(GpuTest, OptionValuesFollowTheDescriptorsByValue) {
 
 TEST_P(GpuTest, ShardBoundsFollowTheDescriptorsByValue) {
   // A backward over the slice [5, 5 + V) of a vocabulary of 64 with
-  // Megatron's local smoothing.
+  // Megatron's local smoothing, then with global smoothing (flag bit 2);
+  // then unsharded, the slice [0, V) of V. One kernel serves all three.
   KernelVariantKey key = forwardKey();
   key.op = KernelOp::Backward;
   key.smoothing = true;
-  key.shard = ShardKind::Local;
   GpuBundle bundle({target()}, {{key, "ce_backward_0"}});
   GpuProblem p(device(), 0);
   std::vector<float> gradLoss(p.n, 1.0f), grad(p.n * p.v);
@@ -378,6 +379,69 @@ TEST_P(GpuTest, ShardBoundsFollowTheDescriptorsByValue) {
   // The gradient's descriptor comes right before the status word's.
   EXPECT_EQ(s.params[s.numParams - kValueParams - 5 - 7 + 1],
             uint64_t(uintptr_t(grad.data())));
+  EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+
+  options.shard_global_smoothing = 1;
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &tGrad, fakeStream(7)),
+            CE_OK)
+      << ce_last_error_message();
+  values = state().params + state().numParams - kValueParams;
+  EXPECT_EQ(values[0], uint64_t{kFlagGlobalSmoothing});
+  EXPECT_EQ(values[0], 4u);
+  EXPECT_EQ(values[4], 5u);
+  EXPECT_EQ(values[5], 64u);
+  EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+
+  // Unsharded (global smoothing asked for, but no shard): [0, V) of V, no
+  // flag.
+  options.shard_start = 0;
+  options.shard_vocab = 0;
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &tGrad, fakeStream(7)),
+            CE_OK)
+      << ce_last_error_message();
+  values = state().params + state().numParams - kValueParams;
+  EXPECT_EQ(values[0], 0u);
+  EXPECT_EQ(values[2], f32Param(0.5f));
+  EXPECT_EQ(values[4], 0u);
+  EXPECT_EQ(values[5], uint64_t(p.v));
+  EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+}
+
+TEST_P(GpuTest, AScalarWeightIsATokenDescriptorOfStrideZero) {
+  // Fused kernels take per-token weights: a 0-d weight is passed as a
+  // descriptor of the labels' shape whose stride is 0.
+  KernelVariantKey key = forwardKey();
+  key.op = KernelOp::Fused;
+  key.weights = WeightsKind::Token;
+  GpuBundle bundle({target()}, {{key, "ce_fused_0"}});
+  GpuProblem p(device(), 0);
+  float weight = 0.5f;
+  std::vector<float> grad(p.n * p.v);
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.n, p.v});
+  for (ce_tensor *t : {&tWeight, &tGrad}) {
+    t->device = device();
+    t->device_index = 0;
+  }
+  ASSERT_EQ(ce_fused(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &tWeight,
+                     &p.tLoss, &p.tLse, &tGrad, fakeStream(7)),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeGpuState &s = state();
+  EXPECT_STREQ(s.symbol, "ce_fused_0");
+  ASSERT_EQ(s.numParams, paramCount(key));
+  // logits (7 fields), labels (5), then the weights: allocated, aligned,
+  // offset, size N, stride 0.
+  const uint64_t *weights = s.params + 7 + 5;
+  EXPECT_EQ(weights[0], uint64_t(uintptr_t(&weight)));
+  EXPECT_EQ(weights[1], uint64_t(uintptr_t(&weight)));
+  EXPECT_EQ(weights[2], 0u);
+  EXPECT_EQ(weights[3], uint64_t(p.n));
+  EXPECT_EQ(weights[4], 0u);
+  // The loss's descriptor follows.
+  EXPECT_EQ(weights[5], uint64_t(uintptr_t(p.loss.data())));
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
 

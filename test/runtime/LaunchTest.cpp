@@ -68,17 +68,14 @@ std::vector<KernelSpec> allFakeKernels() {
       {makeKey(KernelOp::Backward, LabelLayout::Flat, WeightsKind::None, true),
        "fake_backward_flat_overwrite",
        {}},
-      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Scalar),
-       "fake_fused_flat_scalar",
-       {}},
       {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Token),
        "fake_fused_flat_token",
        {}},
       {makeKey(KernelOp::Fused, LabelLayout::SbvSb, WeightsKind::Token),
        "fake_fused_sb_token",
        {}},
-      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Scalar, true),
-       "fake_fused_flat_scalar_overwrite",
+      {makeKey(KernelOp::Fused, LabelLayout::Flat, WeightsKind::Token, true),
+       "fake_fused_flat_token_overwrite",
        {}},
   };
 }
@@ -187,8 +184,9 @@ TEST(Launch, OptionValuesArePassedByValue) {
             CE_OK)
       << ce_last_error_message();
   EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
+  // Unsharded, every kernel is passed the slice [0, V) of V.
   expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
-                                        -7, 0.125f, 3.0e-4f, 0, 0});
+                                        -7, 0.125f, 3.0e-4f, 0, p.v});
   EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
 
   // Each flag on its own; without an ignore_index its bit is off (its
@@ -209,24 +207,64 @@ TEST(Launch, OptionValuesArePassedByValue) {
   EXPECT_EQ(bundle.record().flags, int64_t{kFlagMegatronLabels});
   EXPECT_EQ(bundle.record().labelSmoothing, 0.125f);
   EXPECT_EQ(bundle.record().zLoss, 3.0e-4f);
-  // The defaults: every value 0.
+  // The defaults: every value 0 but the slice, [0, V) of V.
   ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
                        &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
-  expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, 0});
+  expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, p.v});
+}
+
+TEST(Launch, AnUnshardedBackwardIsTheSliceZeroToV) {
+  // Every backward kernel takes a vocabulary slice; without a shard the
+  // runtime passes [0, V) of V (not a vocabulary of 0), and no global
+  // smoothing flag.
+  FakeBundle bundle(
+      {{makeKey(KernelOp::Backward, LabelLayout::Flat), "fake_backward_flat", {}},
+       {withTerms(makeKey(KernelOp::Backward, LabelLayout::Flat), true, false),
+        "fake_backward_flat",
+        {}},
+       {makeKey(KernelOp::Backward, LabelLayout::Flat, WeightsKind::None, true),
+        "fake_backward_flat_overwrite",
+        {}}});
+  FlatProblem p;
+  std::vector<float> gradLoss(p.n, 1.0f);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ce_options options = defaultOptions();
+  options.label_smoothing = 0.25f;
+  options.shard_global_smoothing = 1; // no shard: not in force
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 6);
+  expectValues(receivedValues(bundle), {0, 0, 0.25f, 0.0f, 0, p.v});
+  // The defaults, and the overwrite kernel, alike.
+  ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
+                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, p.v});
+  options = defaultOptions();
+  options.overwrite_input = 1;
+  FlatProblem q(p.n, 11);
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &q.tLogits, &q.tLabels,
+                        &q.tLse, &tGradLoss, nullptr, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().numArgs, 5);
+  expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, 11});
 }
 
 TEST(Launch, ShardBoundsArePassedByValue) {
   // A slice [3, 3 + V) of a vocabulary of 40 with global smoothing: the
-  // backward and shard_stats kernels get the bounds as values.
+  // backward and shard_stats kernels get the bounds as values and the
+  // global smoothing as flag bit 2 (keys carry no shard).
   KernelVariantKey backward = makeKey(KernelOp::Backward, LabelLayout::Flat);
   backward.smoothing = true;
-  backward.shard = ShardKind::Global;
   KernelVariantKey stats = forwardKey();
   stats.op = KernelOp::ShardStats;
   stats.smoothing = true;
-  stats.shard = ShardKind::Global;
   FakeBundle bundle({{backward, "fake_backward_flat", {}},
                      {stats, "fake_shard_stats_flat", {}}});
   FlatProblem p;
@@ -245,7 +283,19 @@ TEST(Launch, ShardBoundsArePassedByValue) {
       << ce_last_error_message();
   EXPECT_EQ(bundle.record().numArgs, 6);
   expectValues(receivedValues(bundle),
+               {kFlagIgnoreIndex | kFlagGlobalSmoothing, -100, 0.25f, 0.0f, 3,
+                40});
+  EXPECT_EQ(int64_t{kFlagGlobalSmoothing}, 4); // the ABI's bit
+
+  // Megatron's local smoothing: the same kernel, without the bit.
+  options.shard_global_smoothing = 0;
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  expectValues(receivedValues(bundle),
                {kFlagIgnoreIndex, -100, 0.25f, 0.0f, 3, 40});
+  options.shard_global_smoothing = 1;
 
   std::vector<float> statsOut(p.n * 4);
   ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
@@ -256,7 +306,8 @@ TEST(Launch, ShardBoundsArePassedByValue) {
       << ce_last_error_message();
   EXPECT_EQ(bundle.record().numArgs, 4);
   expectValues(receivedValues(bundle),
-               {kFlagIgnoreIndex, -100, 0.25f, 0.0f, 7, 40});
+               {kFlagIgnoreIndex | kFlagGlobalSmoothing, -100, 0.25f, 0.0f, 7,
+                40});
   EXPECT_EQ(bundle.record().aligned[2], statsOut.data());
 }
 
@@ -327,7 +378,7 @@ TEST(Launch, AZeroCoefficientIsServedByAKernelThatComputesTheTerm) {
                 CE_OK)
           << ce_last_error_message();
       expectValues(receivedValues(bundle),
-                   {0, 0, options->label_smoothing, options->z_loss, 0, 0});
+                   {0, 0, options->label_smoothing, options->z_loss, 0, p.v});
     }
   }
   {
@@ -569,6 +620,8 @@ TEST(Launch, ForwardIgnoresOverwriteInput) {
 }
 
 TEST(Launch, FusedScalarAndTokenWeights) {
+  // Fused kernels take per-token weights only: a scalar weight reaches the
+  // token kernel as a descriptor of the labels' shape with strides 0.
   FakeBundle bundle(allFakeKernels());
   {
     FlatProblem p;
@@ -580,8 +633,11 @@ TEST(Launch, FusedScalarAndTokenWeights) {
         << ce_last_error_message();
     const FakeRecord &r = bundle.record();
     ASSERT_EQ(r.numArgs, 7);
-    EXPECT_EQ(r.ranks[2], 0);
+    EXPECT_EQ(r.ranks[2], 1);
     EXPECT_EQ(r.aligned[2], &weight);
+    EXPECT_EQ(r.offsets[2], 0);
+    EXPECT_EQ(r.sizes[2][0], p.n);
+    EXPECT_EQ(r.strides[2][0], 0);
     for (int64_t i = 0; i < p.n; ++i) {
       EXPECT_EQ(p.loss[2 * i], 1.5f);
       EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
@@ -599,9 +655,45 @@ TEST(Launch, FusedScalarAndTokenWeights) {
               CE_OK)
         << ce_last_error_message();
     EXPECT_EQ(bundle.record().ranks[2], 1);
+    EXPECT_EQ(bundle.record().strides[2][0], 2);
     for (int64_t i = 0; i < p.n; ++i)
       EXPECT_EQ(p.grad[i * p.rowStride], static_cast<float>(i) + 0.5f);
   }
+}
+
+TEST(Launch, ScalarWeightOnSbvLabelsIsATokenDescriptorOfStrideZero) {
+  // [B, S] labels: the scalar becomes a rank-2 descriptor of the labels'
+  // sizes, both strides 0, and every token's gradient row reads it.
+  FakeBundle bundle(
+      {{makeKey(KernelOp::Fused, LabelLayout::SbvBs, WeightsKind::Token),
+        "fake_fused_bs_token",
+        {}}});
+  SbvProblem p;
+  std::vector<int64_t> labels(p.s * p.b, 2);
+  std::vector<float> loss(p.s * p.b), lse(p.s * p.b),
+      grad(p.s * p.b * p.v, kPoison);
+  float weight = 0.75f;
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.b, p.s});
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.s, p.b, p.v});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_BS;
+  ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &tLabels, &tWeight,
+                     &tLoss, &tLse, &tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  ASSERT_EQ(r.numArgs, 7);
+  EXPECT_EQ(r.ranks[2], 2);
+  EXPECT_EQ(r.aligned[2], &weight);
+  EXPECT_EQ(r.sizes[2][0], p.b);
+  EXPECT_EQ(r.sizes[2][1], p.s);
+  EXPECT_EQ(r.strides[2][0], 0);
+  EXPECT_EQ(r.strides[2][1], 0);
+  for (int64_t i = 0; i < p.s * p.b; ++i)
+    EXPECT_EQ(grad[i * p.v + 1], 0.75f) << i;
 }
 
 TEST(Launch, FusedSbvSbTokenWeights) {

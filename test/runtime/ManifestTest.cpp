@@ -248,8 +248,6 @@ KernelVariantKey variant(KernelOp op, LabelLayout layout = LabelLayout::Flat,
   key.labels = labels;
   if (op == KernelOp::Fused)
     key.weights = WeightsKind::Token;
-  if (op == KernelOp::ShardStats)
-    key.shard = ShardKind::Local;
   return key;
 }
 
@@ -697,12 +695,6 @@ TEST(Manifest, KernelRules) {
   forwardOverwrite.overwrite = true;
   KernelVariantKey statsOverwrite = variant(KernelOp::ShardStats);
   statsOverwrite.overwrite = true;
-  KernelVariantKey shardedForward = forwardKey();
-  shardedForward.shard = ShardKind::Local;
-  KernelVariantKey shardedFused = variant(KernelOp::Fused);
-  shardedFused.shard = ShardKind::Global;
-  KernelVariantKey unsharded = variant(KernelOp::ShardStats);
-  unsharded.shard = ShardKind::None;
   KernelVariantKey statsZLoss = variant(KernelOp::ShardStats);
   statsZLoss.zLoss = true;
   KernelVariantKey fusedNone = variant(KernelOp::Fused);
@@ -715,12 +707,9 @@ TEST(Manifest, KernelRules) {
   } cases[] = {
       {forwardOverwrite, "a forward kernel cannot overwrite"},
       {statsOverwrite, "a shard_stats kernel cannot overwrite"},
-      {shardedForward, "only shard_stats and backward kernels take a shard"},
-      {shardedFused, "only shard_stats and backward kernels take a shard"},
-      {unsharded, "a shard_stats kernel needs a shard"},
       {statsZLoss, "a shard_stats kernel has no z-loss"},
       {fusedNone,
-       "weights=none is not valid for a fused kernel (scalar or token)"},
+       "weights=none is not valid for a fused kernel (token)"},
       {backwardToken, "weights=token is only valid for a fused kernel"},
   };
   for (const Case &c : cases) {
@@ -730,6 +719,29 @@ TEST(Manifest, KernelRules) {
     std::string manifestText = text(root, at(root, "kernels[0]"), &offset);
     EXPECT_EQ(fails(manifestText), at(offset) + "kernels[0] (\"" +
                                        c.key.str() + "\"): " + c.message);
+  }
+
+  // Keys carry no shard field and no scalar weights since the vocabulary
+  // slice and a scalar weight's stride 0 are run-time arguments: the
+  // previous version 3 spellings are not keys.
+  for (std::string key :
+       {"op=shard_stats,logits=f32,labels=i64,layout=flat,"
+        "label_smoothing=off,z_loss=off,overwrite=0,weights=none,shard=local",
+        "op=backward,logits=f32,labels=i64,layout=flat,"
+        "label_smoothing=on,z_loss=off,overwrite=0,weights=none,shard=global",
+        "op=forward,logits=f32,labels=i64,layout=flat,"
+        "label_smoothing=off,z_loss=off,overwrite=0,weights=none,shard=none",
+        "op=fused,logits=f32,labels=i64,layout=flat,"
+        "label_smoothing=off,z_loss=off,overwrite=0,weights=scalar"}) {
+    SCOPED_TRACE(key);
+    Node root = manifest(forwardKey());
+    *at(root, "kernels[0].key") = str(key);
+    size_t offset = 0;
+    std::string manifestText = text(root, at(root, "kernels[0].key"), &offset);
+    EXPECT_EQ(fails(manifestText),
+              at(offset) + "kernels[0].key \"" + key +
+                  "\" is not a variant key as KernelVariantKey::str() spells "
+                  "it");
   }
 
   std::string name = "kernels[0] (\"" + forwardKey().str() + "\"): ";
@@ -761,9 +773,8 @@ TEST(Manifest, KernelRules) {
 
 //--- args against BundleAbi.h ------------------------------------------------//
 
-/// One of each kind of variant: every op, overwrite, both kinds of weights,
-/// both kinds of shards, smoothing and z-loss, every layout, and dtypes
-/// other than f32/i64.
+/// One of each kind of variant: every op, overwrite, token weights,
+/// smoothing and z-loss, every layout, and dtypes other than f32/i64.
 std::vector<KernelVariantKey> everyKindOfVariant() {
   std::vector<KernelVariantKey> keys = {
       variant(KernelOp::Forward),
@@ -775,23 +786,20 @@ std::vector<KernelVariantKey> everyKindOfVariant() {
   };
   KernelVariantKey backwardOverwrite = variant(KernelOp::Backward);
   backwardOverwrite.overwrite = true;
-  KernelVariantKey fusedScalar = variant(KernelOp::Fused);
-  fusedScalar.weights = WeightsKind::Scalar;
-  fusedScalar.smoothing = true;
-  fusedScalar.zLoss = true;
+  KernelVariantKey fusedTerms = variant(KernelOp::Fused);
+  fusedTerms.smoothing = true;
+  fusedTerms.zLoss = true;
   KernelVariantKey fusedOverwrite = variant(KernelOp::Fused, LabelLayout::SbvSb);
   fusedOverwrite.overwrite = true;
-  KernelVariantKey shardedBackward = variant(KernelOp::Backward);
-  shardedBackward.shard = ShardKind::Global;
-  shardedBackward.smoothing = true;
-  KernelVariantKey globalStats =
-      variant(KernelOp::ShardStats, LabelLayout::SbvSb);
-  globalStats.shard = ShardKind::Global;
+  KernelVariantKey smoothedBackward = variant(KernelOp::Backward);
+  smoothedBackward.smoothing = true;
+  KernelVariantKey sbStats = variant(KernelOp::ShardStats, LabelLayout::SbvSb);
+  sbStats.smoothing = true;
   KernelVariantKey forwardZLoss = variant(KernelOp::Forward);
   forwardZLoss.zLoss = true;
   for (const KernelVariantKey &key :
-       {backwardOverwrite, fusedScalar, fusedOverwrite, shardedBackward,
-        globalStats, forwardZLoss})
+       {backwardOverwrite, fusedTerms, fusedOverwrite, smoothedBackward,
+        sbStats, forwardZLoss})
     keys.push_back(key);
   return keys;
 }

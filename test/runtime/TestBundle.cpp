@@ -42,8 +42,7 @@ canonicalArgs(const KernelVariantKey &key) {
       args.push_back({"grad", tokenRank + 1, logits});
     break;
   case KernelOp::Fused:
-    args.push_back(
-        {"weights", key.weights == WeightsKind::Scalar ? 0 : tokenRank, "f32"});
+    args.push_back({"weights", tokenRank, "f32"});
     args.push_back({"loss", tokenRank, "f32"});
     args.push_back({"lse", tokenRank, "f32"});
     if (!key.overwrite)

@@ -99,7 +99,7 @@ KernelVariantKey keyFor(KernelOp op, LabelLayout layout, bool overwrite) {
   key.op = op;
   key.overwrite = overwrite;
   if (op == KernelOp::Fused)
-    key.weights = WeightsKind::Scalar;
+    key.weights = WeightsKind::Token;
   return key;
 }
 
@@ -116,7 +116,6 @@ std::vector<KernelSpec> validationKernels() {
                        flat ? "fake_backward_flat" : "fake_backward_bs",
                        {}});
     KernelVariantKey stats = keyFor(KernelOp::ShardStats, layout, false);
-    stats.shard = ShardKind::Local;
     kernels.push_back(
         {stats, flat ? "fake_shard_stats_flat" : "fake_shard_stats_bs", {}});
     if (flat) {
@@ -124,10 +123,10 @@ std::vector<KernelSpec> validationKernels() {
                          "fake_backward_flat_overwrite",
                          {}});
       kernels.push_back({keyFor(KernelOp::Fused, layout, false),
-                         "fake_fused_flat_scalar",
+                         "fake_fused_flat_token",
                          {}});
       kernels.push_back({keyFor(KernelOp::Fused, layout, true),
-                         "fake_fused_flat_scalar_overwrite",
+                         "fake_fused_flat_token_overwrite",
                          {}});
     }
   }

@@ -12,7 +12,9 @@
  *   grad[row(t)][j] = grad_loss[t] * 0.5 + lse[t]  (backward)
  *   grad[row(t)][j] = weight(t)                    (fused)
  *
- * where row(t) maps the linear token index t (row-major over the labels'
+ * where weight(t) reads the token-shaped weights descriptor at its strides
+ * (a scalar weight arrives with strides 0: fused kernels take per-token
+ * weights only), and row(t) maps the linear token index t (row-major over the labels'
  * shape T) to its logits row per layout. A label outside [0, V) stores
  * 1 + t in status (the first such token) and NaN as that token's outputs,
  * as the contract asks, with the contract's two exceptions, which read the
@@ -119,7 +121,6 @@ typedef struct Call {
   int labels_i32;
   Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights, *grad,
       *status;
-  int weights_rank; /* 0 (scalar) or the token rank */
   Values values;
 } Call;
 
@@ -174,17 +175,15 @@ static void run(const Call *c) {
       }
       if (!c->grad)
         continue;
-      float value;
+      float value = 0.0f;
       if (c->grad_loss) {
         float *g = (float *)aligned_of(c->grad_loss);
         float *l = (float *)aligned_of(c->lse_in);
         value = g[token_offset(c->grad_loss, token_rank, i0, i1)] * 0.5f +
                 l[token_offset(c->lse_in, token_rank, i0, i1)];
-      } else {
+      } else if (c->weights) {
         float *w = (float *)aligned_of(c->weights);
-        value = c->weights_rank == 0
-                    ? w[0]
-                    : w[token_offset(c->weights, token_rank, i0, i1)];
+        value = w[token_offset(c->weights, token_rank, i0, i1)];
       }
       if (bad)
         value = NAN;
@@ -216,7 +215,7 @@ static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
   int ranks[] = {tr + 1, tr, tr, tr, 1};
   record(5, descs, ranks, v);
   Call c = {layout, labels_i32, logits, labels, loss, lse, 0,
-            0,      0,          0,      status, 0,    v};
+            0,      0,          0,      status, v};
   run(&c);
 }
 
@@ -265,7 +264,7 @@ static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
   }
   Call c = {layout, 0,   logits,    labels, 0,
             0,      lse, grad_loss, 0,      grad ? grad : logits,
-            status, 0,   v};
+            status, v};
   run(&c);
 }
 
@@ -284,12 +283,11 @@ EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
 
 /* ---- fused: (logits, labels, weights, loss, lse, [grad], status, values) */
 
-static void fused(int layout, int weights_rank, Desc *logits, Desc *labels,
-                  Desc *weights, Desc *loss, Desc *lse, Desc *grad,
-                  Desc *status, Values v) {
+static void fused(int layout, Desc *logits, Desc *labels, Desc *weights,
+                  Desc *loss, Desc *lse, Desc *grad, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
   Desc *descs[] = {logits, labels, weights, loss, lse, grad, status};
-  int ranks[] = {tr + 1, tr, weights_rank, tr, tr, tr + 1, 1};
+  int ranks[] = {tr + 1, tr, tr, tr, tr, tr + 1, 1};
   if (grad) {
     record(7, descs, ranks, v);
   } else {
@@ -297,31 +295,26 @@ static void fused(int layout, int weights_rank, Desc *logits, Desc *labels,
     ranks[5] = 1;
     record(6, descs, ranks, v);
   }
-  Call c = {layout,  0,
-            logits,  labels,
-            loss,    lse,
-            0,       0,
-            weights, grad ? grad : logits,
-            status,  weights_rank,
-            v};
+  Call c = {layout, 0,       logits, labels, loss, lse, 0,
+            0,      weights, grad ? grad : logits, status, v};
   run(&c);
 }
 
-EXPORT void fake_fused_flat_scalar(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                   Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(FLAT, 0, a, b, c, d, e, f, g, VALUES);
-}
 EXPORT void fake_fused_flat_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
                                   Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(FLAT, 1, a, b, c, d, e, f, g, VALUES);
+  fused(FLAT, a, b, c, d, e, f, g, VALUES);
+}
+EXPORT void fake_fused_bs_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                Desc *f, Desc *g, VALUE_PARAMS) {
+  fused(SBV_BS, a, b, c, d, e, f, g, VALUES);
 }
 EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
                                 Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(SBV_SB, 2, a, b, c, d, e, f, g, VALUES);
+  fused(SBV_SB, a, b, c, d, e, f, g, VALUES);
 }
-EXPORT void fake_fused_flat_scalar_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                             Desc *e, Desc *f, VALUE_PARAMS) {
-  fused(FLAT, 0, a, b, c, d, e, 0, f, VALUES);
+EXPORT void fake_fused_flat_token_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
+                                            Desc *e, Desc *f, VALUE_PARAMS) {
+  fused(FLAT, a, b, c, d, e, 0, f, VALUES);
 }
 
 /* ---- shard_stats: (logits, labels, stats, status, values); records only */
