@@ -3,7 +3,10 @@
 // The GPU half of the staged codegen API (Stages.h): one gpu.func per
 // kernel with its resolved tuning (`ce.tuning`), the mapping onto
 // workgroups, the NVVM/ROCDL conversion, LLVM's target machine, and for
-// AMDGPU lld.
+// AMDGPU lld. An AMDGPU bundle has one code object per chip; an NVPTX one
+// has one PTX file per kernel, because the driver compiles a whole module
+// when it loads it (2.7 s per MB on the H200: a first launch from one
+// module of every kernel took two minutes).
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,19 +28,23 @@ using namespace mlir;
 using namespace mlir::ce;
 
 /// Adds the kernels of `key` (one per row-length range of the chip's
-/// table) to `kernelModule` and describes them for the manifest.
+/// table; only the `only`-th when given) to `kernelModule` and describes
+/// them for the manifest.
 static LogicalResult addKernels(gpu::GPUModuleOp kernelModule,
                                 const ::ce::KernelVariantKey &key,
                                 StringRef name, const GpuChip &chip,
                                 const CodegenOptions &options,
                                 std::vector<EmittedKernel> &kernels,
-                                std::string &error) {
+                                std::string &error,
+                                std::optional<size_t> only = std::nullopt) {
   FailureOr<SmallVector<KernelTuning, 3>> tunings =
       resolveTuning(chip, key, options.tuning, error);
   if (failed(tunings))
     return failure();
   MLIRContext *context = kernelModule.getContext();
-  for (const KernelTuning &kernel : *tunings) {
+  for (auto [index, kernel] : llvm::enumerate(*tunings)) {
+    if (only && index != *only)
+      continue;
     std::string symbol = (name + kernel.suffix).str();
     gpu::GPUFuncOp func = buildGpuKernel(kernelModule, symbol, key);
     const GpuTuning &tuning = kernel.tuning;
@@ -63,6 +70,7 @@ static StageStatus finishGpu(gpu::GPUModuleOp kernelModule,
                              std::vector<EmittedKernel> kernels,
                              const GpuChip &chip,
                              const CodegenOptions &options,
+                             const std::string &objectFile,
                              StageResult &result) {
   std::string &error = result.error;
   auto machine = createGpuTargetMachine(chip, error);
@@ -95,8 +103,7 @@ static StageStatus finishGpu(gpu::GPUModuleOp kernelModule,
     return StageStatus::Ok;
   }
   if (!chip.amd) {
-    if (failed(writeFileIn(options.bundleDir, chip.objectFile(), assembly,
-                           error)))
+    if (failed(writeFileIn(options.bundleDir, objectFile, assembly, error)))
       return StageStatus::InternalError;
   } else {
     if (failed(emitMachineCode(*llvmModule, **machine, true, object, error)))
@@ -107,22 +114,25 @@ static StageStatus finishGpu(gpu::GPUModuleOp kernelModule,
     }
     // HSACO: the relocatable object linked into a shared object by lld.
     if (failed(linkObjectBytes(object, options.bundleDir, chipName,
-                               chip.objectFile(), /*hostLibraries=*/false,
-                               error))) {
+                               objectFile, /*hostLibraries=*/false, error))) {
       error = "linking " + chipName + " code object: " + error;
       return StageStatus::InternalError;
     }
   }
-  result.object = BundleObject{chip.objectFile(), chipName, chip.objectKind(),
-                               std::move(kernels)};
+  result.objects.push_back(BundleObject{objectFile, chipName,
+                                       chip.objectKind(), std::move(kernels)});
   return StageStatus::Ok;
 }
 
-StageStatus mlir::ce::runGpuStages(MLIRContext &context,
-                                   ArrayRef<::ce::KernelVariantKey> keys,
-                                   const GpuChip &chip,
-                                   const CodegenOptions &options,
-                                   StageResult &result) {
+/// One code object: the kernels `addAll` puts into a fresh module, through
+/// the pipeline up to `options.stopAfter`, written as `objectFile`.
+static StageStatus
+compileUnit(MLIRContext &context, const GpuChip &chip,
+            const CodegenOptions &options, const std::string &objectFile,
+            function_ref<LogicalResult(gpu::GPUModuleOp,
+                                       std::vector<EmittedKernel> &)>
+                addAll,
+            StageResult &result) {
   OwningOpRef<ModuleOp> module = ModuleOp::create(UnknownLoc::get(&context));
   (*module)->setAttr(gpu::GPUDialect::getContainerModuleAttrName(),
                      UnitAttr::get(&context));
@@ -130,10 +140,8 @@ StageStatus mlir::ce::runGpuStages(MLIRContext &context,
   auto kernelModule =
       gpu::GPUModuleOp::create(builder, module->getLoc(), "ce_kernels");
   std::vector<EmittedKernel> kernels;
-  for (auto [i, key] : llvm::enumerate(keys))
-    if (failed(addKernels(kernelModule, key, kernelSymbol(key, i), chip,
-                          options, kernels, result.error)))
-      return StageStatus::BadInput;
+  if (failed(addAll(kernelModule, kernels)))
+    return StageStatus::BadInput;
   if (failed(verify(*module)))
     return StageStatus::InternalError;
   if (options.stopAfter == Stage::Mlir) {
@@ -160,5 +168,47 @@ StageStatus mlir::ce::runGpuStages(MLIRContext &context,
     result.output = printStage(*module);
     return StageStatus::Ok;
   }
-  return finishGpu(kernelModule, std::move(kernels), chip, options, result);
+  return finishGpu(kernelModule, std::move(kernels), chip, options,
+                   objectFile, result);
+}
+
+StageStatus mlir::ce::runGpuStages(MLIRContext &context,
+                                   ArrayRef<::ce::KernelVariantKey> keys,
+                                   const GpuChip &chip,
+                                   const CodegenOptions &options,
+                                   StageResult &result) {
+  // A bundle's PTX: one file per kernel ("sm_90-ce_fused_3_rows64k.ptx").
+  if (!chip.amd && options.stopAfter == Stage::Bundle) {
+    for (auto [i, key] : llvm::enumerate(keys)) {
+      std::string name = kernelSymbol(key, i);
+      FailureOr<SmallVector<KernelTuning, 3>> tunings =
+          resolveTuning(chip, key, options.tuning, result.error);
+      if (failed(tunings))
+        return StageStatus::BadInput;
+      for (size_t t = 0; t < tunings->size(); ++t) {
+        std::string file = std::string(chip.name) + "-" + name +
+                           (*tunings)[t].suffix + ".ptx";
+        StageStatus status = compileUnit(
+            context, chip, options, file,
+            [&](gpu::GPUModuleOp module, std::vector<EmittedKernel> &kernels) {
+              return addKernels(module, key, name, chip, options, kernels,
+                                result.error, t);
+            },
+            result);
+        if (status != StageStatus::Ok)
+          return status;
+      }
+    }
+    return StageStatus::Ok;
+  }
+  return compileUnit(
+      context, chip, options, chip.objectFile(),
+      [&](gpu::GPUModuleOp module, std::vector<EmittedKernel> &kernels) {
+        for (auto [i, key] : llvm::enumerate(keys))
+          if (failed(addKernels(module, key, kernelSymbol(key, i), chip,
+                                options, kernels, result.error)))
+            return failure();
+        return success();
+      },
+      result);
 }

@@ -97,9 +97,10 @@ static StageStatus finishHost(ModuleOp module,
     error = "linking host kernels: " + error;
     return StageStatus::InternalError;
   }
-  result.object = BundleObject{file, "host", ::ce::kObjectKindSharedObject,
-                               std::move(kernels)};
-  result.object->cpuFeatures = requiredCpuFeatures(**machine);
+  BundleObject hostObject{file, "host", ::ce::kObjectKindSharedObject,
+                          std::move(kernels)};
+  hostObject.cpuFeatures = requiredCpuFeatures(**machine);
+  result.objects.push_back(std::move(hostObject));
   return StageStatus::Ok;
 }
 

@@ -287,7 +287,8 @@ int main(int argc, char **argv) {
     }
     if (emitStage != Stage::Bundle)
       return writeOutput(outputPath, result.output);
-    objects.push_back(std::move(*result.object));
+    for (BundleObject &object : result.objects)
+      objects.push_back(std::move(object));
   }
   if (failed(writeBundleManifest(outputPath, objects, error))) {
     llvm::errs() << "ce-gen: error: " << error << "\n";

@@ -71,8 +71,10 @@ struct CodegenOptions {
 struct StageResult {
   /// The output of a stage before Stage::Bundle (text, or bytes for Obj).
   std::string output;
-  /// Stage::Bundle: the code object written into the bundle directory.
-  std::optional<BundleObject> object;
+  /// Stage::Bundle: the code objects written into the bundle directory
+  /// (one per target, but one per kernel for PTX, which the driver compiles
+  /// when it loads a module: a launch then compiles only its own kernel).
+  std::vector<BundleObject> objects;
   /// Why a stage failed, when no diagnostic said it already.
   std::string error;
 };
