@@ -14,3 +14,10 @@ func.func @slice_stats(%x: memref<?x?xf32>, %y: memref<?xi64>, %s: memref<?x4xf3
   ce.shard_stats %x, %y into %s status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = flat {shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64> into memref<?x4xf32>
   return
 }
+
+// A backward on its own takes a vocabulary slice, as every backward kernel
+// for a bundle does (an unsharded call is passed [0, V) of V).
+func.func @grad_slice(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memref<?xf32>, %g: memref<?xf32>, %d: memref<?x?xf32>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %z: f32, %start: i64, %vocab: i64) {
+  ce.backward %x, %y, %lse, %g into %d status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) z_loss(%z) shard_bounds(%start, %vocab) layout = flat {shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
