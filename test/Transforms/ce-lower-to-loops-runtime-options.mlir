@@ -72,3 +72,43 @@ func.func @backward_global_runtime_vocab(%x: memref<?x?xf32>, %y: memref<?xi64>,
   ce.backward %x, %y, %lse, %g into %x label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = flat {overwrite_input, shard = #ce.shard<global_smoothing = true>} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
   return
 }
+
+// -----
+
+// ABI v3: how a slice smooths is run-time flag bit 4 (kFlagGlobalSmoothing)
+// under a plain #ce.shard<>: the smoothing vocabulary and "more than one
+// class" are selected between the global vocabulary (shard_vocab) and the
+// slice's own V by (flags & 4) != 0.
+
+// CHECK-LABEL: func.func @backward_flag_global_smoothing
+// CHECK-SAME: %[[FLAGS:[^:]*]]: i64, %{{[^:]*}}: i64, %[[ALPHA:[^:]*]]: f32, %[[START:[^:]*]]: i64, %[[VOCAB:[^:]*]]: i64)
+// CHECK-DAG: %[[C4:.*]] = arith.constant 4 : i64
+// CHECK-DAG: %[[C0:.*]] = arith.constant 0 : i64
+// CHECK: %[[LOCALV:.*]] = arith.uitofp %{{.*}} : i64 to f32
+// CHECK: %[[BIT:.*]] = arith.andi %[[FLAGS]], %[[C4]] : i64
+// CHECK: %[[GLOBAL:.*]] = arith.cmpi ne, %[[BIT]], %[[C0]] : i64
+// CHECK: %[[GLOBALV:.*]] = arith.sitofp %[[VOCAB]] : i64 to f32
+// CHECK: %[[V:.*]] = arith.select %[[GLOBAL]], %[[GLOBALV]], %[[LOCALV]] : f32
+// CHECK: arith.cmpi sgt, %[[VOCAB]], %{{.*}} : i64
+// CHECK: arith.select %[[GLOBAL]], %{{.*}}, %{{.*}} : i1
+// CHECK: arith.mulf %[[ALPHA]], %[[V]] : f32
+// CHECK: scf.for
+// CHECK: arith.subi %{{.*}}, %[[START]] : i64
+func.func @backward_flag_global_smoothing(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memref<?xf32>, %g: memref<?xf32>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %start: i64, %vocab: i64) {
+  ce.backward %x, %y, %lse, %g into %x status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = flat {overwrite_input, shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Without flags (a kernel not for a bundle) a plain #ce.shard<> smooths over
+// the slice: no flag bit is read.
+
+// CHECK-LABEL: func.func @backward_local_without_flags
+// CHECK-NOT: arith.constant 4 : i64
+// CHECK-NOT: arith.sitofp
+// CHECK: scf.for
+func.func @backward_local_without_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memref<?xf32>, %g: memref<?xf32>, %alpha: f32, %start: i64, %vocab: i64) {
+  ce.backward %x, %y, %lse, %g into %x label_smoothing(%alpha) shard_bounds(%start, %vocab) layout = flat {overwrite_input, shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
