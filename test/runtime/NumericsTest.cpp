@@ -424,15 +424,17 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
 }
 
 /// The upstream per-token scale: grad_loss for a backward, weights for a
-/// fused kernel (scalar, per token, or broadcast).
+/// fused kernel (0-d, per token, or broadcast).
 void fillScale(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng) {
   std::uniform_real_distribution<double> uniform(-2.0, 2.0);
   int64_t n = p.numTokens;
   p.scale.assign(n, 0.0);
   if (p.key.op == KernelOp::Forward)
     return;
-  bool scalar =
-      p.key.op == KernelOp::Fused && p.key.weights == WeightsKind::Scalar;
+  // A 0-d weight on the large broadcast case (the runtime passes it to the
+  // token kernel with stride 0), a stride-0 per-token weight on the others.
+  bool scalar = p.key.op == KernelOp::Fused && spec.broadcast &&
+                spec.vocab >= 32000;
   bool broadcast = scalar || spec.broadcast;
   double common = static_cast<float>(uniform(rng));
   for (int64_t t = 0; t < n; ++t)
