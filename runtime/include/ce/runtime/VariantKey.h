@@ -107,8 +107,9 @@ enum KernelFlag : int64_t {
   /// The `ignore_index` argument is in force: tokens whose label equals it
   /// are ignored. Without the bit no token is ignored.
   kFlagIgnoreIndex = 2,
-  /// A vocabulary slice smooths over the global vocabulary (`shard_vocab`)
-  /// instead of its own V_local (Megatron-Core's vocab-parallel default).
+  /// A vocabulary slice smooths over the global vocabulary (`shard_vocab`).
+  /// Without the bit it smooths over its own V_local, as Megatron-Core's
+  /// vocab-parallel cross entropy does.
   kFlagGlobalSmoothing = 4,
 };
 
