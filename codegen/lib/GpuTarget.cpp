@@ -101,10 +101,24 @@ GpuTuningTable GpuTuningTable::of(const GpuChip &chip) {
         {128 * 1024, {1024, 4, 0, 192 * 1024, 0, true}, "_rows128k"}};
     return table;
   }
-  // gfx9 is unmeasured (no device): 4 wave64 waves with unroll 2, since
-  // unroll 4 reaches 128 VGPRs, the 4-waves-per-SIMD limit; no row cache.
+  // gfx9 is unmeasured (no device): 4 wave64 waves, no row cache.
+  // gfx90a keeps f32 denormals and unroll 2 everywhere (unroll 4 reaches 128
+  // VGPRs, the 4-waves-per-SIMD limit). Flushed, its code uses v_mad_f32,
+  // which the CDNA emulator (docs/AMD-TESTS.md) cannot run, so that change is
+  // not verified there yet.
   GpuTuning wave64{/*blockSize=*/256, /*unroll=*/2};
-  return GpuTuningTable{wave64, wave64, wave64, {}, {}};
+  if (StringRef(chip.name) == "gfx90a")
+    return GpuTuningTable{wave64, wave64, wave64, {}, {}};
+  // gfx942 and gfx950, from the static table (docs/AMD-TESTS.md, issue 19):
+  // f32 denormals flushed as on sm_90 (drops the exponential's
+  // 5-instruction scaling: the gfx942 forward 16.8 -> 11.2 VALU per logit);
+  // the statistics kernels then load 4 vectors per lane and step at 64 VGPRs,
+  // 7 waves (128 VGPRs without the flush). The backward and fused kernels
+  // keep unroll 2 (the fused kernel's unroll 4 takes 82 VGPRs, 5 waves).
+  wave64.flushDenormals = true;
+  GpuTuning statistics = wave64;
+  statistics.unroll = 4;
+  return GpuTuningTable{statistics, wave64, wave64, {}, {}};
 }
 
 GpuTuning GpuTuningTable::forOp(KernelOp op) const {
