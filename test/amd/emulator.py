@@ -19,7 +19,9 @@ name, grid, block, dynamic LDS bytes and the runtime's ``void **params`` to
   their count is ``COMPUTE_PGM_RSRC2.USER_SGPR``;
 - writes the LDS size (the descriptor's static group segment plus the launch's dynamic bytes)
   into ``COMPUTE_PGM_RSRC2.LDS_SIZE``, which is where the emulator reads it;
-- runs the grid (``run_asm``, ``cdna`` mode, wave64).
+- runs the grid (``run_asm``, ``cdna`` mode, wave64), with the ``s_setreg_imm32_b32`` writes of
+  MODE's denormal bits that flushing kernels put around an f32 division made ``s_nop`` (the
+  emulator cannot run them and flushes denormals regardless: :func:`_skip_denorm_mode_write`).
 
 What the emulator is and is not: see docs/AMD-TESTS.md (no ``s_waitcnt``/hazard model, f32
 denormals flushed, not validated against CDNA silicon).
@@ -235,6 +237,32 @@ class CodeObject:
 
 # -- the launcher -----------------------------------------------------------------------------
 
+#: gfx9 SOPK ``s_setreg_imm32_b32`` (opcode 20) and its hwreg operand's register id HW_REG_MODE.
+SETREG_IMM32_OPCODE = 20
+HW_REG_MODE = 1
+#: MODE's FP_DENORM field: bits 4-7 (f32, then f64/f16).
+MODE_FP_DENORM_BITS = 0xF0
+S_NOP_0 = 0xBF800000
+
+
+def _skip_denorm_mode_write(pc: int) -> None:
+    """Turns an ``s_setreg_imm32_b32`` of MODE's FP_DENORM bits at `pc` into two ``s_nop 0``.
+
+    With f32 denormals flushed, LLVM brackets each IEEE f32 division's ``v_div_scale`` /
+    ``v_div_fmas`` sequence with such writes (denormals on, then off again). tinygrad's CDNA
+    pcode for the instruction does not compile (it reads WAVE_STATUS), and the emulator runs
+    every instruction with DAZ+FTZ whatever MODE says, so skipping the write changes nothing
+    it computes. Only that exact instruction, decoded at an instruction boundary, is touched."""
+    word = ctypes.c_uint32.from_address(pc).value
+    if word >> 28 != 0xB or (word >> 23) & 0x1F != SETREG_IMM32_OPCODE:
+        return
+    hwreg = word & 0xFFFF
+    offset, size = (hwreg >> 6) & 0x1F, (hwreg >> 11) + 1
+    field = ((1 << size) - 1) << offset
+    if hwreg & 0x3F == HW_REG_MODE and field & ~MODE_FP_DENORM_BITS == 0:
+        ctypes.c_uint32.from_address(pc).value = S_NOP_0
+        ctypes.c_uint32.from_address(pc + 4).value = S_NOP_0
+
 
 class LaunchError(RuntimeError):
     pass
@@ -401,17 +429,18 @@ class Emulator:
         entry = base + kd.address + kd.entry_offset
         code_end = base + max(v + m for _o, v, _f, m in co.segments)
         decode = self.emu._decode_at
-        if self.mutation and co is self.code_objects.get(self._mutated_key):
-            # Record whether the changed bytes were decoded (run) in this launch.
-            target = base + co.virtual_address(self.mutation[1])
+        target = (base + co.virtual_address(self.mutation[1])
+                  if self.mutation and co is self.code_objects.get(self._mutated_key) else None)
 
-            def watching(pc: int, arch: str):
-                runner, inst = decode(pc, arch)
-                if pc <= target < pc + inst.size():
-                    self.mutation_executed = True
-                return runner, inst
+        def decoding(pc: int, arch: str):
+            _skip_denorm_mode_write(pc)
+            runner, inst = decode(pc, arch)
+            if target is not None and pc <= target < pc + inst.size():
+                # Record whether the changed bytes were decoded (run) in this launch.
+                self.mutation_executed = True
+            return runner, inst
 
-            self.emu._decode_at = watching
+        self.emu._decode_at = decoding
         try:
             self.emu.run_asm(entry, code_end - entry, grid[0], grid[1], grid[2], block[0],
                              block[1], block[2], kernarg_at, rsrc2, 0, "cdna", user_data)
