@@ -131,8 +131,9 @@ class CegenForward(unittest.TestCase):
         self.assertEqual(len(k.mains), 1)
         self.assertFalse(k.whole)
         loop = k.mains[0]
-        self.assertEqual(loop.loads, {"global_load_dwordx4": 2})  # 256 x 2: two 16-byte loads
-        self.assertEqual(T.per_lane(k, loop), 16)
+        # gfx942's forward tuning (issue 19 item 4): 256 threads x unroll 4, four 16-byte loads
+        self.assertEqual(loop.loads, {"global_load_dwordx4": 4})
+        self.assertEqual(T.per_lane(k, loop), 32)
         self.assertTrue(any(i.mnem.startswith("v_exp_f32") for i in loop.insns))
         self.assertEqual(k.scratch, 0)
 
