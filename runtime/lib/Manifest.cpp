@@ -275,15 +275,13 @@ Status ManifestReader::readObject(const json::Value &value,
     return status;
   // The object's content hash ties the manifest to the objects of its own
   // ce-gen run.
-  {
-    if (Status status = requireString(value, where, "sha256", object.sha256);
-        !status.isOk())
-      return status;
-    if (!isSha256Hex(object.sha256))
-      return errorAt(*value.get("sha256"),
-                     where + ".sha256 \"" + object.sha256 +
-                         "\" is not a SHA-256 (64 lowercase hex digits)");
-  }
+  if (Status status = requireString(value, where, "sha256", object.sha256);
+      !status.isOk())
+    return status;
+  if (!isSha256Hex(object.sha256))
+    return errorAt(*value.get("sha256"),
+                   where + ".sha256 \"" + object.sha256 +
+                       "\" is not a SHA-256 (64 lowercase hex digits)");
   // The CPU features a host object needs: names the runtime can check.
   if (const json::Value *features = value.get("cpu_features")) {
     if (!features->isArray())
