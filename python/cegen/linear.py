@@ -7,13 +7,23 @@ MKL) makes the chunk's logits, cegen's kernels compute the loss and write the gr
 the chunk's own buffer, and two more GEMMs turn that gradient into the chunk's share of
 ``d hidden`` and ``d weight``. No GEMM of cegen's own, no ``[N, V]`` buffer.
 
-Two schedules:
+Schedules (none of them reads a device value on the host):
 
-* ``grad_weights`` given (the upstream gradient each token's loss will receive, e.g.
-  ``1 / num_tokens`` for a mean): the fused kernel computes the loss and the weighted
-  gradient in the forward, which then also finishes ``d hidden`` and ``d weight``: three
-  GEMMs in all. If the upstream gradient that autograd delivers is not ``grad_weights``, the
-  backward recomputes (below), so the result is right for any upstream gradient.
+* ``reduction="mean"`` or ``"sum"``: the function returns the reduced 0-d loss, whose
+  upstream gradient is one number ``g``; the fused kernel computes the loss and the gradient
+  with the reduction's weight (``1 / count`` of the tokens not ignored, or 1) in the
+  forward, which also finishes ``d hidden`` and ``d weight``: three GEMMs in all, and the
+  backward multiplies them by ``g`` on the device.
+* ``grad_weights`` given (the upstream gradient each token's loss will receive): the fused
+  kernel runs in the forward with ``w'_t = w_t`` (1 where ``w_t = 0``), ``d hidden`` from
+  that gradient and ``d weight`` from it with the rows of the zero-weight tokens left out.
+  The backward decides from metadata alone: ``d hidden`` is rescaled on the device by
+  ``g_t / w'_t`` per row (exact for any ``g``, zeros and zero weights included); ``d weight``
+  is the forward's when ``g`` is ``grad_weights``' own memory (same storage, strides and
+  version), or is multiplied by ``g_0 / w'_0`` when both are broadcasts of one value (a
+  number or 0-d ``grad_weights`` and a stride-0 ``g``, as ``loss.sum()`` gives); any other
+  ``g`` recomputes ``d weight`` (and ``d bias``): each chunk's logits and the backward kernel
+  with ``g``, two more GEMMs.
 * otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
@@ -77,12 +87,21 @@ def _logits_of(hidden: torch.Tensor, weight: torch.Tensor,
 
 def _accumulate(grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
                 grad_bias: Optional[torch.Tensor], grad_logits: torch.Tensor,
-                hidden: torch.Tensor, weight: torch.Tensor) -> None:
-    """``d hidden`` of the chunk and its share of ``d weight`` (and ``d bias``)."""
-    torch.matmul(grad_logits, weight, out=grad_hidden)
-    grad_weight.addmm_(grad_logits.t(), hidden)
+                hidden: torch.Tensor, weight: torch.Tensor,
+                keep: Optional[torch.Tensor] = None) -> None:
+    """``d hidden`` of the chunk (None: not wanted) and its share of ``d weight`` (and
+    ``d bias``). ``keep``: a per-token 0/1 factor of the rows of ``d weight`` and
+    ``d bias`` (the zero-weight tokens of the fused schedule left out)."""
+    if grad_hidden is not None:
+        torch.matmul(grad_logits, weight, out=grad_hidden)
+    if keep is None:
+        grad_weight.addmm_(grad_logits.t(), hidden)
+        if grad_bias is not None:
+            grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32).to(grad_bias.dtype))
+        return
+    grad_weight.addmm_(grad_logits.t(), hidden * keep[:, None])
     if grad_bias is not None:
-        grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32).to(grad_bias.dtype))
+        grad_bias.add_(torch.mv(grad_logits.t(), keep))
 
 
 def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
@@ -94,16 +113,37 @@ def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                      labels: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
-                     options: KernelOptions, chunk: int):
-    """The backward that recomputes each chunk's logits: correct for any ``grad_loss``."""
-    grad_hidden, grad_weight, grad_bias = _zero_grads(hidden, weight, bias)
+                     options: KernelOptions, chunk: int,
+                     grad_hidden: Optional[torch.Tensor] = None):
+    """The backward that recomputes each chunk's logits: correct for any ``grad_loss``.
+    ``grad_hidden`` given (the fused schedule's, already rescaled): only ``d weight`` and
+    ``d bias`` are recomputed (two GEMMs per chunk instead of three)."""
+    if grad_hidden is None:
+        grad_hidden, grad_weight, grad_bias = _zero_grads(hidden, weight, bias)
+        own_hidden = True
+    else:
+        _, grad_weight, grad_bias = _zero_grads(hidden[:0], weight, bias)
+        own_hidden = False
     for start, end in _chunks(hidden.shape[0], chunk):
         logits = _logits_of(hidden[start:end], weight, bias)
         _kernels.backward(logits, labels[start:end], lse[start:end], grad_loss[start:end],
                           options, overwrite=True)
-        _accumulate(grad_hidden[start:end], grad_weight, grad_bias, logits, hidden[start:end],
-                    weight)
+        _accumulate(grad_hidden[start:end] if own_hidden else None, grad_weight, grad_bias,
+                    logits, hidden[start:end], weight)
     return grad_hidden, grad_weight, grad_bias
+
+
+def _is_stride0(tensor: torch.Tensor) -> bool:
+    """Every element is the one at the tensor's offset (a broadcast of one value)."""
+    return tensor.numel() > 0 and all(stride == 0 for stride in tensor.stride())
+
+
+def _same_memory(grad: torch.Tensor, weights: torch.Tensor, version: int) -> bool:
+    """``grad`` is ``weights`` itself: the same storage, offset, shape, strides and dtype,
+    not written since the forward (metadata only, no device read)."""
+    return (grad.dtype == weights.dtype and grad.device == weights.device
+            and grad.shape == weights.shape and grad.stride() == weights.stride()
+            and grad.data_ptr() == weights.data_ptr() and weights._version == version)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +171,17 @@ def _sharded_lse(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
                               weight.shape[0])
 
 
+def _reduction_weight(labels: torch.Tensor, options: KernelOptions, reduction: str,
+                      device: torch.device) -> torch.Tensor:
+    """The 0-d weight of every token's loss in a reduced loss: 1 for a sum, ``1 / count``
+    of the tokens not ignored (at least 1) for a mean, made on the device."""
+    if reduction == "sum":
+        return torch.ones((), dtype=torch.float32, device=device)
+    if options.ignore_index is None:
+        return torch.full((), 1.0 / max(1, labels.numel()), dtype=torch.float32, device=device)
+    return 1.0 / (labels != options.ignore_index).sum().clamp(min=1).float()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Rows of ``hidden`` ``[N, H]``, ``weight`` ``[V, H]`` (a vocabulary slice with
     ``tp``), row labels ``[N]``."""
@@ -139,23 +190,35 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
                 bias: Optional[torch.Tensor], labels: torch.Tensor,
                 weights: Optional[torch.Tensor], options: KernelOptions,
-                chunk: int, tp: Optional[_VocabParallel]) -> torch.Tensor:
+                chunk: int, tp: Optional[_VocabParallel], reduction: str) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         needs_grad = any(ctx.needs_input_grad[:3])
+        if reduction != "none":
+            weights = _reduction_weight(labels, options, reduction, hidden.device)
         fused = needs_grad and weights is not None
         ctx.options, ctx.chunk, ctx.tp, ctx.grads = options, chunk, tp, None
+        ctx.reduction = reduction
+        ctx.weights_version = None if weights is None else weights._version
         if tp is not None and not fused:
             loss, lse = _sharded_lse(hidden, weight, bias, labels, options, chunk, tp)
-            ctx.save_for_backward(hidden, weight, bias, labels, lse, None)
-            return loss
+            ctx.save_for_backward(hidden, weight, bias, labels, lse, None, None)
+            return _reduced(loss, weights, reduction)
         loss = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
         lse = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
+        kernel_weights = keep = None
         if fused:
             grads = _zero_grads(hidden, weight, bias)
+            # The kernel's weight: 1 where grad_weights is 0, so that every token's gradient
+            # row exists and the backward can rescale d hidden by g / w' for any g; the
+            # zero-weight tokens' rows are left out of d weight and d bias (keep).
+            kernel_weights = torch.where(weights == 0, torch.ones_like(weights), weights)
+            if weights.dim() == 1:
+                keep = (weights != 0).to(hidden.dtype)
         for start, end in _chunks(num_tokens, chunk):
             logits = _logits_of(hidden[start:end], weight, bias)
             if fused:
-                chunk_weights = weights if weights.dim() == 0 else weights[start:end]
+                chunk_weights = (kernel_weights if kernel_weights.dim() == 0
+                                 else kernel_weights[start:end])
                 if tp is None:
                     loss_c, lse_c, _ = _kernels.fused(logits, labels[start:end], chunk_weights,
                                                       options, overwrite=True)
@@ -166,38 +229,78 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                       chunk_weights.expand(end - start), options,
                                       overwrite=True)
                 _accumulate(grads[0][start:end], grads[1], grads[2], logits,
-                            hidden[start:end], weight)
+                            hidden[start:end], weight,
+                            None if keep is None else keep[start:end])
             else:
                 loss_c, lse_c = _kernels.forward(logits, labels[start:end], options)
             loss[start:end] = loss_c
             lse[start:end] = lse_c
             del logits
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, weights)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, weights, kernel_weights)
         # Not saved tensors: the backward hands them on (or drops them) and releases them,
         # so that they do not live on with the graph; a second backward of a retained graph
         # recomputes.
         ctx.grads = grads if fused else None
-        return loss
+        return _reduced(loss, weights, reduction)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        hidden, weight, bias, labels, lse, weights = ctx.saved_tensors
-        grad_loss = grad_loss.float()
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+        hidden, weight, bias, labels, lse, weights, kernel_weights = ctx.saved_tensors
         grads, ctx.grads = ctx.grads, None
+        if ctx.reduction != "none":
+            # Every token's upstream gradient is grad_out * weights (weights: the
+            # reduction's 0-d weight); stride 0, as loss.sum()'s.
+            grad_loss = (grad_out.float() * weights).expand(hidden.shape[0])
+        else:
+            grad_loss = grad_out
         if grads is not None:
-            expected = weights.expand_as(grad_loss) if weights.dim() == 0 else weights
-            # One device-to-host read: whether the forward's gradients are the answer.
-            if not bool(torch.equal(grad_loss, expected.to(grad_loss.dtype))):
-                grads = None  # released before the recompute allocates its own
-        if grads is None:
-            grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss, ctx.options,
-                                     ctx.chunk)
+            ctx.grad_out = grad_out
+            grads = _finish_fused(ctx, grads, grad_loss, hidden, weight, bias, labels, lse,
+                                  weights, kernel_weights)
+        else:
+            grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
+                                     ctx.options, ctx.chunk)
         if ctx.tp is not None and ctx.tp.reduce_grad_hidden and ctx.needs_input_grad[0]:
             # Every rank reduces once per backward, whichever branch it took: d hidden is
             # this rank's share sum_t G_r W_r until it is summed over the ranks.
             torch.distributed.all_reduce(grads[0], group=ctx.tp.group)
-        return grads[0], grads[1], grads[2], None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None
+
+
+def _reduced(loss: torch.Tensor, weights: Optional[torch.Tensor],
+             reduction: str) -> torch.Tensor:
+    """The per-token loss, or its weighted sum (mean: weights = 1 / count)."""
+    if reduction == "none":
+        return loss
+    return (loss.sum() * weights).reshape(())
+
+
+def _finish_fused(ctx: Any, grads, grad_loss: torch.Tensor, hidden: torch.Tensor,
+                  weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
+                  lse: torch.Tensor, weights: torch.Tensor, kernel_weights: torch.Tensor):
+    """The forward's gradients (for the upstream ``kernel_weights``, zero-weight tokens
+    left out of d weight and d bias) turned into those of ``grad_loss``, without reading a
+    device value: see the module's docstring."""
+    grad_hidden, grad_weight, grad_bias = grads
+    del grads
+    if ctx.reduction != "none" or (kernel_weights.dim() == 0 and _is_stride0(grad_loss)):
+        # One value for every token on both sides: every gradient is scaled by g_0 / w'_0
+        # (a reduction's: by its upstream gradient, the forward's weight being its own).
+        scale = (ctx.grad_out.float() if ctx.reduction != "none"
+                 else grad_loss.reshape(-1)[0].float() / kernel_weights)
+        for grad in (grad_hidden, grad_weight, grad_bias):
+            if grad is not None:
+                grad.mul_(scale)
+        return grad_hidden, grad_weight, grad_bias
+    # d hidden's row t is w'_t d_t W: g_t / w'_t makes it g_t d_t W, for any g_t.
+    ratio = grad_loss.float() / kernel_weights
+    grad_hidden.mul_(ratio[:, None])
+    if weights.dim() == 1 and _same_memory(grad_loss, weights, ctx.weights_version):
+        return grad_hidden, grad_weight, grad_bias  # g is grad_weights: d weight is the answer
+    del grad_weight, grad_bias  # released before the recompute allocates its own
+    return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(), ctx.options,
+                            ctx.chunk, grad_hidden=grad_hidden)
 
 
 def _row_labels(labels: torch.Tensor, hidden_shape: Tuple[int, ...],
@@ -225,15 +328,21 @@ def _row_weights(grad_weights: GradWeights, hidden: torch.Tensor, hidden_shape,
     if not (isinstance(grad_weights, torch.Tensor) and grad_weights.is_floating_point()):
         if not isinstance(grad_weights, torch.Tensor) or grad_weights.dim() == 0:
             weight = _validate.scalar_grad_weight(grad_weights)
-            return torch.tensor(weight, dtype=torch.float32, device=hidden.device)
+            # torch.full, not torch.tensor: no blocking host-to-device copy
+            return torch.full((), weight, dtype=torch.float32, device=hidden.device)
         raise InvalidInputError(f"grad_weights must be floating point, got {grad_weights.dtype}")
     if grad_weights.device != hidden.device:
         raise InvalidInputError(
             f"grad_weights are on {grad_weights.device} but hidden is on {hidden.device}")
-    weights = grad_weights.detach().float()
+    weights = grad_weights.detach()
     if weights.dim() == 0:
-        return weights
-    return _row_labels(weights, hidden_shape, label_layout)
+        return weights.float()
+    rows = _row_labels(weights, hidden_shape, label_layout).float()
+    if _is_stride0(weights):
+        # One value broadcast (e.g. expand of a 0-d tensor): kept 0-d, so that a stride-0
+        # upstream gradient scales the forward's gradients instead of recomputing them.
+        return weights.as_strided((), (), weights.storage_offset()).float()
+    return rows
 
 
 def _vocab_parallel(group: Any, vocab_start: Any, vocab_size: Any, global_smoothing: Any,
@@ -284,6 +393,7 @@ def linear_cross_entropy(
     vocab_size: Optional[int] = None,
     global_smoothing: bool = False,
     reduce_grad_hidden: bool = True,
+    reduction: str = "none",
 ) -> torch.Tensor:
     """Per-token cross entropy (fp32) of the logits ``hidden @ weight.T + bias``, computed a
     chunk of tokens at a time so that the ``[N, V]`` logits never exist in full.
@@ -298,7 +408,12 @@ def linear_cross_entropy(
             :func:`cegen.cross_entropy`.
         grad_weights: the upstream gradient each token's loss will receive (a number, or a
             tensor of the labels' shape), known now: the forward then finishes the gradients
-            (three GEMMs). A backward whose upstream gradient differs recomputes instead.
+            (three GEMMs). The backward uses them as they are when the upstream gradient is
+            this tensor itself (``loss.backward(grad_weights)``), scales them when a number
+            (or a broadcast of one) meets a stride-0 upstream (``loss.sum()``), and
+            otherwise recomputes ``d weight`` (two more GEMMs): right for any upstream
+            gradient, never reading a device value on the host. With ``reduction="none"``
+            only.
         chunk_tokens: tokens per chunk (default: 256 MiB of logits).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
@@ -320,10 +435,15 @@ def linear_cross_entropy(
             default, as Megatron's output layer without sequence parallelism). False returns
             each rank's share ``G_r W_r``, for a caller that sums it itself (sequence
             parallelism: the backward of the all-gather of ``hidden`` is a reduce-scatter).
+        reduction: ``"none"`` (the per-token loss), ``"sum"`` or ``"mean"`` (over the
+            tokens whose label is not ``ignore_index``, at least 1: 0 when every token is
+            ignored, where F.cross_entropy gives NaN). A reduced loss's gradients are
+            finished in the forward (three GEMMs) and multiplied by its upstream gradient
+            in the backward.
 
     Returns:
-        The per-token loss, float32, in the labels' shape; differentiable w.r.t. ``hidden``,
-        ``weight`` and ``bias``.
+        The per-token loss, float32, in the labels' shape (a 0-d tensor with a
+        reduction); differentiable w.r.t. ``hidden``, ``weight`` and ``bias``.
     """
     for name, tensor in (("hidden", hidden), ("weight", weight), ("labels", labels)):
         if not isinstance(tensor, torch.Tensor):
@@ -355,12 +475,19 @@ def linear_cross_entropy(
     if not rows.is_contiguous():
         rows = rows.contiguous()
     row_labels = _row_labels(labels, hidden_shape, label_layout)
+    if reduction not in ("none", "mean", "sum"):
+        raise InvalidInputError(
+            f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    if reduction != "none" and grad_weights is not None:
+        raise InvalidInputError(
+            f"grad_weights is for reduction='none' (reduction={reduction!r} weighs every "
+            "token itself)")
     weights = _row_weights(grad_weights, hidden, hidden_shape, label_layout)
     chunk = chunk_tokens or default_chunk_tokens(rows.shape[0], weight.shape[0],
                                                  hidden.element_size())
     loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk,
-                                     tp)
-    if len(hidden_shape) == 3:
+                                     tp, reduction)
+    if len(hidden_shape) == 3 and reduction == "none":
         loss = loss.view(hidden_shape[0], hidden_shape[1])  # [S, B]
         if label_layout == "bs":
             loss = loss.t().contiguous()

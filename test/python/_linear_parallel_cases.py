@@ -13,12 +13,14 @@ from unittest import mock
 import torch
 
 #: Schedules: how grad_weights and the backward's upstream gradient relate.
-#: "recompute": no grad_weights, a per-token upstream; "fused-match": grad_weights equal to
-#: it (the forward's gradients are the answer); "fused-differ": grad_weights twice it (the
-#: backward must recompute); "mean": grad_weights 1/N and loss.mean(); "sum": loss.sum()
+#: "recompute": no grad_weights, a per-token upstream; "fused-match": the backward gets the
+#: grad_weights tensor itself (the forward's gradients are the answer where the rows'
+#: layout keeps its memory: [N] rows); "fused-differ": grad_weights twice it (the backward
+#: recomputes d weight); "mean": grad_weights 1/N and loss.mean() (a contiguous upstream of
+#: 1/N, whose values are not read: d weight recomputed); "sum": loss.sum()
 #: (a stride-0 upstream); "zeros": a zero upstream; "no-grad": the forward alone;
 #: "fused-twice": "fused-match" with two backward passes of a retained graph (the gradients
-#: add up; the second pass recomputes).
+#: add up; the second pass recomputes everything).
 SCHEDULES = ("recompute", "fused-match", "fused-differ", "mean", "sum", "zeros", "no-grad",
              "fused-twice")
 
@@ -120,9 +122,11 @@ def run_one(spec: Dict[str, Any], case_: Dict[str, Any], rank: int, world: int,
                 loss.mean().backward()
             elif schedule == "sum":
                 loss.sum().backward()
-            elif schedule == "fused-twice":
-                loss.backward(data["upstream"].float(), retain_graph=True)
-                loss.backward(data["upstream"].float())
+            elif schedule == "fused-twice":  # grad_weights itself, then again
+                loss.backward(data["grad_weights"], retain_graph=True)
+                loss.backward(data["grad_weights"])
+            elif schedule == "fused-match":  # the backward gets grad_weights itself
+                loss.backward(data["grad_weights"])
             elif schedule != "no-grad":
                 loss.backward(data["upstream"].float())
     except Exception as error:  # recorded: every rank raises alike, none waits in a collective

@@ -15,12 +15,14 @@ summed over the ranks, each rank's d weight and d bias slice) and against TP = 1
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import tempfile
 import time
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -59,6 +61,21 @@ def reference(hidden, weight, bias, labels, *, ignore_index=None, label_smoothin
     return loss
 
 
+@contextlib.contextmanager
+def counting_recomputes():
+    """The backward's recomputations, in order: "all" (every gradient) or "d weight" (the
+    fused schedule's d hidden rescaled, d weight and d bias recomputed)."""
+    calls = []
+    real = linear._recompute_grads
+
+    def counted(*args, **kwargs):
+        calls.append("all" if kwargs.get("grad_hidden") is None else "d weight")
+        return real(*args, **kwargs)
+
+    with mock.patch.object(linear, "_recompute_grads", counted):
+        yield calls
+
+
 @unittest.skipIf(SKIP is not None, SKIP or "")
 class LinearCrossEntropyTest(unittest.TestCase):
     def setUp(self) -> None:
@@ -72,8 +89,10 @@ class LinearCrossEntropyTest(unittest.TestCase):
         return hidden, weight, bias, labels
 
     def run_both(self, hidden, weight, bias, labels, upstream, *, chunk, grad_weights=None,
-                 **options):
-        """(ours, reference) of loss and the gradients of hidden, weight, bias."""
+                 backward_with=None, **options):
+        """(ours, reference) of loss and the gradients of hidden, weight, bias.
+        ``backward_with``: the very tensor our loss's backward gets (default: a float32
+        copy of ``upstream``)."""
         ref_inputs = [t.clone().requires_grad_(True) if t is not None else None
                       for t in (hidden, weight, bias)]
         ref_loss = reference(ref_inputs[0], ref_inputs[1], ref_inputs[2], labels, **options)
@@ -83,7 +102,13 @@ class LinearCrossEntropyTest(unittest.TestCase):
         loss = cegen.linear_cross_entropy(ours_inputs[0], ours_inputs[1], labels,
                                           bias=ours_inputs[2], chunk_tokens=chunk,
                                           grad_weights=grad_weights, **options)
-        loss.backward(upstream.float() if upstream.dim() else upstream.float())
+        if backward_with is None:
+            backward_with = upstream.float()
+            if upstream.numel() and all(stride == 0 for stride in upstream.stride()):
+                # stays a broadcast (float() of one would be a contiguous copy)
+                backward_with = upstream.as_strided((), (), upstream.storage_offset()).float(
+                    ).expand(upstream.shape)
+        loss.backward(backward_with)
         ours = [loss] + [t.grad if t is not None else None for t in ours_inputs]
         refs = [ref_loss] + [t.grad if t is not None else None for t in ref_inputs]
         return ours, refs
@@ -104,19 +129,30 @@ class LinearCrossEntropyTest(unittest.TestCase):
         n = labels.shape[0]
         upstream = torch.rand((n,), generator=self.gen, dtype=torch.float64) + 0.5
         for chunk in (1, 3, 4, n, n + 5):
-            for schedule in ("recompute", "fused-match", "fused-differ", "fused-scalar"):
+            for schedule in ("recompute", "fused-match", "fused-equal", "fused-differ",
+                             "fused-scalar"):
                 with self.subTest(chunk=chunk, schedule=schedule):
-                    grad_weights, g = None, upstream
-                    if schedule == "fused-match":
+                    grad_weights, g, backward_with = None, upstream, None
+                    if schedule == "fused-match":  # the backward gets grad_weights itself
+                        grad_weights = backward_with = upstream.float()
+                    elif schedule == "fused-equal":  # equal values, other memory: recomputes
                         grad_weights = upstream.float()
                     elif schedule == "fused-differ":
                         grad_weights = (upstream * 2).float()  # the backward must recompute
                     elif schedule == "fused-scalar":
                         grad_weights, g = 1.0 / n, torch.full((n,), 1.0 / n, dtype=torch.float64)
-                    ours, refs = self.run_both(hidden, weight, bias, labels, g, chunk=chunk,
-                                               grad_weights=grad_weights, ignore_index=-100,
-                                               label_smoothing=0.1, z_loss=1e-3)
+                    with counting_recomputes() as calls:
+                        ours, refs = self.run_both(hidden, weight, bias, labels, g, chunk=chunk,
+                                                   grad_weights=grad_weights,
+                                                   backward_with=backward_with,
+                                                   ignore_index=-100, label_smoothing=0.1,
+                                                   z_loss=1e-3)
                     self.assert_close(ours, refs, f"chunk {chunk}, {schedule}")
+                    # fused-scalar: 1/N meets a contiguous upstream of 1/N (as loss.mean()
+                    # gives): the values are not read, so d weight is recomputed.
+                    expected = {"recompute": ["all"], "fused-match": []}.get(schedule,
+                                                                             ["d weight"])
+                    self.assertEqual(calls, expected, f"chunk {chunk}, {schedule}: recomputes")
                     self.assertTrue(bool((ours[0][2:4] == 0).all()), "ignored tokens' loss")
 
     def test_stride0_and_zero_upstream(self):
@@ -127,6 +163,86 @@ class LinearCrossEntropyTest(unittest.TestCase):
             with self.subTest(upstream=name):
                 ours, refs = self.run_both(hidden, weight, None, labels, g, chunk=4)
                 self.assert_close(ours, refs, name)
+
+    def test_fused_upstreams_without_reading(self):
+        """The fused schedule for upstream gradients the forward did not see: what the
+        backward can tell from metadata alone, zero weights and zero upstreams included;
+        each against float64, with the recomputations each one needs."""
+        hidden, weight, bias, labels = self.problem()
+        labels[2] = labels[3] = -100
+        n = labels.shape[0]
+        upstream = torch.rand((n,), generator=self.gen, dtype=torch.float64) + 0.5
+        zero_weights = upstream.float().clone()
+        zero_weights[[1, 5, 6]] = 0.0  # tokens 5 and 6 straddle a boundary of chunk 3
+        broadcast = torch.full((), 0.5).expand(n)
+        cases = [
+            # (name, grad_weights, upstream float64, the backward's tensor, recomputes)
+            ("zero weights, other upstream", zero_weights, upstream, None, ["d weight"]),
+            ("zero weights, upstream is grad_weights", zero_weights, zero_weights.double(),
+             zero_weights, []),
+            ("weight 0, loss.sum()", 0.0, torch.ones((), dtype=torch.float64).expand(n),
+             None, []),
+            ("0-d tensor weight, stride-0 upstream", torch.full((), 0.25),
+             torch.full((), 0.7, dtype=torch.float64).expand(n), None, []),
+            ("broadcast weights, stride-0 upstream", broadcast,
+             torch.full((), 3.0, dtype=torch.float64).expand(n), None, []),
+            ("broadcast weights, zero stride-0 upstream", broadcast,
+             torch.zeros((), dtype=torch.float64).expand(n), None, []),
+            ("token weights, stride-0 upstream", upstream.float(),
+             torch.ones((), dtype=torch.float64).expand(n), None, ["d weight"]),
+            ("number weight, token upstream", 1.0 / n, upstream, None, ["d weight"]),
+            ("zero weights, zero upstream", zero_weights, torch.zeros((n,), dtype=torch.float64),
+             None, ["d weight"]),
+        ]
+        for name, grad_weights, g, backward_with, expected in cases:
+            with self.subTest(case=name):
+                with counting_recomputes() as calls:
+                    ours, refs = self.run_both(hidden, weight, bias, labels, g, chunk=3,
+                                               grad_weights=grad_weights,
+                                               backward_with=backward_with, ignore_index=-100,
+                                               label_smoothing=0.1, z_loss=1e-3)
+                self.assert_close(ours, refs, name)
+                self.assertEqual(calls, expected, f"{name}: recomputes")
+
+    def test_reduction(self):
+        hidden, weight, bias, labels = self.problem()
+        n = labels.shape[0]
+        options = dict(ignore_index=-100, label_smoothing=0.1, z_loss=1e-3)
+        for reduction in ("mean", "sum"):
+            for ignored, chunk, factor in (([2, 3], 3, 0.7), ([], 4, 1.0), (list(range(n)), 5, 2.0),
+                                           ([0], 1, 0.0)):
+                with self.subTest(reduction=reduction, ignored=len(ignored), chunk=chunk,
+                                  factor=factor):
+                    case_labels = labels.clone()
+                    case_labels[ignored] = -100
+                    refs = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+                    per_token = reference(*refs, case_labels, **options)
+                    count = max(1, n - len(ignored))
+                    ref = per_token.sum() / (count if reduction == "mean" else 1)
+                    (ref * factor).backward()
+                    ours_in = [t.float().clone().requires_grad_(True) for t in (hidden, weight, bias)]
+                    with counting_recomputes() as calls:
+                        loss = cegen.linear_cross_entropy(
+                            ours_in[0], ours_in[1], case_labels, bias=ours_in[2],
+                            chunk_tokens=chunk, reduction=reduction, **options)
+                        self.assertEqual(tuple(loss.shape), ())
+                        (loss * factor).backward()
+                    self.assertEqual(calls, [], "a reduced loss recomputes nothing")
+                    self.assert_close([loss] + [t.grad for t in ours_in],
+                                      [ref.detach()] + [t.grad for t in refs],
+                                      f"{reduction}, {len(ignored)} ignored")
+        # without ignore_index a mean is over every token; a second backward recomputes
+        refs = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+        reference(*refs, labels).mean().backward(torch.tensor(2.0, dtype=torch.float64))
+        ours_in = [t.float().clone().requires_grad_(True) for t in (hidden, weight, bias)]
+        loss = cegen.linear_cross_entropy(ours_in[0], ours_in[1], labels, bias=ours_in[2],
+                                          chunk_tokens=4, reduction="mean")
+        with counting_recomputes() as calls:
+            loss.backward(retain_graph=True)
+            loss.backward()
+        self.assertEqual(calls, ["all"])
+        self.assert_close([None] + [t.grad for t in ours_in], [None] + [t.grad for t in refs],
+                          "mean, two backward passes")
 
     def test_megatron_layout_and_labels(self):
         s_len, b_len, h, v = 5, 3, 8, 29
@@ -161,6 +277,11 @@ class LinearCrossEntropyTest(unittest.TestCase):
              "chunk_tokens must be an integer in [1, 9223372036854775807] or None, got 0"),
             (lambda: cegen.linear_cross_entropy(h32, w32, labels, grad_weights="x"),
              "grad_weights must be a finite real number in float32's range"),
+            (lambda: cegen.linear_cross_entropy(h32, w32, labels, reduction="avg"),
+             "reduction must be 'none', 'mean' or 'sum', got 'avg'"),
+            (lambda: cegen.linear_cross_entropy(h32, w32, labels, reduction="mean",
+                                                grad_weights=1.0),
+             "grad_weights is for reduction='none'"),
         ]
         for call, message in cases:
             with self.subTest(message=message):
@@ -361,9 +482,12 @@ class VocabParallelTest(unittest.TestCase):
             self.close(result["grad_weight"], ref["grad_weight"][start:end], f"{what} d weight")
             if case["bias"]:
                 self.close(result["grad_bias"], ref["grad_bias"][start:end], f"{what} d bias")
-            # The forward's gradients are the answer exactly when the upstream is grad_weights.
-            # The second backward of "fused-twice" recomputes: the first released them.
-            expected_recomputes = 0 if schedule in ("fused-match", "mean") else 1
+            # The forward's gradients are the answer when the upstream is grad_weights' own
+            # memory ([N] rows; [S, B, H] with [B, S] labels copies them into row order), and
+            # nothing on the device is read to find out otherwise. The second backward of
+            # "fused-twice" recomputes: the first released them.
+            expected_recomputes = 0 if (schedule == "fused-match"
+                                        and case["layout"] == "rows") else 1
             self.assertEqual(result["recomputes"], expected_recomputes, f"{what} recomputes")
         if shares:
             self.close(sum(shares), ref["grad_hidden"], f"{name} world={world} sum of shares")

@@ -204,22 +204,40 @@ class TestMegatronPatch(unittest.TestCase):
 
 
 @S.requires_kernels
-class TestKnownSyncs(unittest.TestCase):
-    """Paths that still synchronize, listed so that a fix shows up here (an expected
-    failure that passes is reported as an unexpected success)."""
+class TestLinearNoHostSync(unittest.TestCase):
+    """cegen.linear_cross_entropy: every schedule's forward and backward, the fused one's
+    backward deciding from metadata alone (issue 18)."""
 
-    @unittest.expectedFailure
-    def test_linear_cross_entropy_fused_backward(self) -> None:
-        # cegen.linear: the fused backward reads torch.equal(grad_loss, weights) to choose
-        # between the forward's gradients and a recomputation (issue 18's schedule).
-        hidden = S.random_logits((12, 16), scale=1.0, offset=407).requires_grad_(True)
-        weight = S.random_logits((97, 16), scale=0.3, offset=408).requires_grad_(True)
+    def test_linear_paths(self) -> None:
+        hidden = S.random_logits((12, 16), scale=1.0, offset=407)
+        weight = S.random_logits((97, 16), scale=0.3, offset=408)
         labels = S.random_labels((12,), 97, offset=409)
+        labels[3] = -100
+        weights = torch.rand((12,), generator=S.generator(410)) + 0.5
+        weights[5] = 0.0
+        upstream = torch.rand((12,), generator=S.generator(411)) + 0.5
 
-        def step() -> None:
-            cegen.linear_cross_entropy(hidden, weight, labels, grad_weights=1.0).sum().backward()
+        def leaves():
+            return hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
 
-        check_no_sync(self, "linear_cross_entropy fused", step)
+        def call(**kwargs):
+            h, w = leaves()
+            return cegen.linear_cross_entropy(h, w, labels, chunk_tokens=5, ignore_index=-100,
+                                              **kwargs)
+
+        paths = {
+            "forward": lambda: call().detach(),
+            "recompute schedule": lambda: call().backward(upstream),
+            "fused, number weight, loss.sum()": lambda: call(grad_weights=1.0).sum().backward(),
+            "fused, upstream is grad_weights": lambda: call(grad_weights=weights).backward(weights),
+            "fused, another upstream (d weight recomputed)":
+                lambda: call(grad_weights=weights).backward(upstream),
+            "fused, number weight, loss.mean()": lambda: call(grad_weights=1 / 12).mean().backward(),
+            "reduction mean": lambda: call(reduction="mean").backward(),
+            "reduction sum, no grad": lambda: torch.no_grad()(call)(reduction="sum"),
+        }
+        for name, step in paths.items():
+            check_no_sync(self, f"linear_cross_entropy: {name}", step)
 
 
 class TestTheWatchSeesSyncs(unittest.TestCase):
