@@ -117,6 +117,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="what prepare_megatron_step_run.sh made: megatron/ (Megatron-Core's "
                              "source), lib/libce_runtime.so, bundles/ (default .dev/mstep)")
     parser.add_argument("--out", default=None, help="output folder (default: print only)")
+    parser.add_argument("--python", default=str(REPO / "python"),
+                        help="the folder holding the cegen package (default: this checkout's "
+                             "python/; prepare_megatron_step_run.sh with PYTHON_FROM=<commit> "
+                             "exports a committed one to .dev/mstep/python)")
     parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--micro-batch", type=int, default=2, help="sequences per micro-batch")
@@ -613,6 +617,8 @@ def run_config(backend: Any, clock: Clock, args: argparse.Namespace, name: str, 
     fusion, impl, cegen_argv = CONFIGS[name]
     run: Dict[str, Any] = {"config": name, "vocab": vocab, "fusion": fusion, "impl": impl}
     run.update(install_patch(cegen_argv))
+    # What earlier configurations left allocated (their models should be gone).
+    run["allocated_before_build_gib"] = clock.allocated() / GIB
     records = _Records()
     logging.getLogger("cegen.megatron").addHandler(records)
     counter = RescaleCounter()
@@ -852,6 +858,7 @@ def meta_info(args: argparse.Namespace, backend: Any, src: Path) -> Dict[str, An
         "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
         "device": device, "torch": torch.__version__, "megatron": backend.version(),
         "cegen_source": source.read_text().strip() if source.is_file() else "?",
+        "cegen_package": str(Path(sys.modules["cegen"].__file__).parent),
         "transformer_engine": importlib.util.find_spec("transformer_engine") is not None,
         "model": (f"GPTModel {args.layers} layers, hidden {args.hidden}, {args.heads} heads, "
                   f"seq {args.seq}, micro-batch {args.micro_batch} x {args.micro_batches} "
@@ -861,7 +868,7 @@ def meta_info(args: argparse.Namespace, backend: Any, src: Path) -> Dict[str, An
 
 
 def setup_cegen(args: argparse.Namespace, src: Path) -> None:
-    sys.path.insert(0, str(REPO / "python"))
+    sys.path.insert(0, str(Path(args.python).resolve()))
     import cegen
 
     runtime = src / "lib" / "libce_runtime.so"
@@ -869,6 +876,8 @@ def setup_cegen(args: argparse.Namespace, src: Path) -> None:
         import tempfile
 
         cegen.configure(cache_dir=tempfile.mkdtemp(prefix="cegen-mstep-"))
+        if (REPO / "build" / "bin" / "ce-gen").is_file():
+            cegen.configure(ce_gen=str(REPO / "build" / "bin" / "ce-gen"))
         if runtime.is_file():
             cegen.configure(runtime_library=str(runtime))
         return

@@ -12,6 +12,9 @@
 #                           grad_weights is a token weight of stride 0); Megatron's label policy
 #                           and TE's ignore index are run-time arguments
 #   bundles/rescale         the fused gradient's device rescale, where ce-gen has that op
+#   python/cegen            with PYTHON_FROM=<commit> only: the cegen package of that commit
+#                           (run the bench with --python .dev/mstep/python to use it rather
+#                           than the checkout's python/, e.g. while python/ is being edited)
 #   SOURCE.txt              the cegen commit these were built from (bench/megatron_step.py
 #                           prints it)
 # Usage: prepare_megatron_step_run.sh MEGATRON_GIT_DIR_OR_SOURCE
@@ -44,6 +47,10 @@ if "$CE_GEN" "${common[@]}" --op=rescale -o "$OUT/bundles/rescale" 2>/dev/null; 
 else
   rm -rf "$OUT/bundles/rescale"
   echo "ce-gen: no rescale op (the fused gradient's rescale runs as PyTorch operations)"
+fi
+if [[ -n "${PYTHON_FROM:-}" ]]; then
+  git archive "$PYTHON_FROM" python/cegen | tar -x -C "$OUT"
+  echo "python/cegen of $(git log -1 --format=%h "$PYTHON_FROM") in $OUT/python"
 fi
 dirty=$(git status --porcelain -- python runtime codegen passes dialect tools | wc -l)
 echo "$(git log -1 --format='%h %cd' --date=format:'%Y-%m-%d %H:%M') (+${dirty} changed files" \
