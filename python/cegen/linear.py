@@ -130,6 +130,7 @@ def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[
                           options, overwrite=True)
         _accumulate(grad_hidden[start:end] if own_hidden else None, grad_weight, grad_bias,
                     logits, hidden[start:end], weight)
+        del logits  # released before the next chunk's: one chunk of logits at a time
     return grad_hidden, grad_weight, grad_bias
 
 

@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 import unittest
+import weakref
 from pathlib import Path
 from unittest import mock
 
@@ -243,6 +244,31 @@ class LinearCrossEntropyTest(unittest.TestCase):
         self.assertEqual(calls, ["all"])
         self.assert_close([None] + [t.grad for t in ours_in], [None] + [t.grad for t in refs],
                           "mean, two backward passes")
+
+    def test_one_chunk_of_logits_at_a_time(self):
+        """No chunk's logits are alive when the next chunk's are made, in the forward and in
+        the backward's recomputation (the memory target: d weight + one chunk)."""
+        hidden, weight, bias, labels = self.problem()
+        alive = []
+        real = linear._logits_of
+
+        def watched(*args):
+            self.assertEqual([ref for ref in alive if ref() is not None], [],
+                             "a previous chunk's logits are still alive")
+            logits = real(*args)
+            alive.append(weakref.ref(logits))
+            return logits
+
+        upstream = torch.rand((labels.shape[0],), generator=self.gen) + 0.5
+        with mock.patch.object(linear, "_logits_of", watched):
+            for grad_weights in (None, upstream, 0.5):
+                with self.subTest(grad_weights=type(grad_weights).__name__):
+                    alive.clear()
+                    h, w, b = (t.float().clone().requires_grad_(True) for t in (hidden, weight, bias))
+                    loss = cegen.linear_cross_entropy(h, w, labels, bias=b, chunk_tokens=3,
+                                                      grad_weights=grad_weights)
+                    loss.backward(upstream * 2)  # not grad_weights: every schedule recomputes
+                    self.assertGreater(len(alive), 4)
 
     def test_megatron_layout_and_labels(self):
         s_len, b_len, h, v = 5, 3, 8, 29
