@@ -20,9 +20,11 @@ import torch
 #: 1/N, whose values are not read: d weight recomputed); "sum": loss.sum()
 #: (a stride-0 upstream); "zeros": a zero upstream; "no-grad": the forward alone;
 #: "fused-twice": "fused-match" with two backward passes of a retained graph (the gradients
-#: add up; the second pass recomputes everything).
+#: add up; the second pass recomputes everything); "reduced": reduction="mean" (the 0-d
+#: loss's backward scales the forward's gradients; the per-token loss of a second, no-grad
+#: call is what is compared, the mean besides).
 SCHEDULES = ("recompute", "fused-match", "fused-differ", "mean", "sum", "zeros", "no-grad",
-             "fused-twice")
+             "fused-twice", "reduced")
 
 
 def slice_bounds(vocab: int, world: int, uneven: bool) -> List[Tuple[int, int]]:
@@ -85,6 +87,10 @@ def inputs_of(spec: Dict[str, Any], case_: Dict[str, Any]) -> Dict[str, Any]:
         upstream = torch.ones_like(upstream)
     elif schedule == "zeros":
         upstream = torch.zeros_like(upstream)
+    elif schedule == "reduced":  # the mean over the tokens not ignored
+        ignore_index = case_["options"]["ignore_index"]
+        kept = count if ignore_index is None else int((labels != ignore_index).sum())
+        upstream = torch.full_like(upstream, 1.0 / max(1, kept))
     return {"hidden": hidden, "labels": labels, "upstream": upstream,
             "grad_weights": grad_weights}
 
@@ -117,8 +123,17 @@ def run_one(spec: Dict[str, Any], case_: Dict[str, Any], rank: int, world: int,
                 loss = cegen.linear_cross_entropy(
                     hidden, weight, data["labels"], bias=bias, chunk_tokens=case_["chunk"],
                     grad_weights=data["grad_weights"], tp_group=group,
-                    reduce_grad_hidden=case_["reduce_grad_hidden"], **case_["options"], **extra)
-            if schedule == "mean":
+                    reduce_grad_hidden=case_["reduce_grad_hidden"],
+                    reduction="mean" if schedule == "reduced" else "none", **case_["options"],
+                    **extra)
+            if schedule == "reduced":
+                reduced = loss.detach()
+                loss.backward()
+                with torch.no_grad():
+                    loss = cegen.linear_cross_entropy(
+                        hidden, weight, data["labels"], bias=bias, chunk_tokens=case_["chunk"],
+                        tp_group=group, **case_["options"], **extra)
+            elif schedule == "mean":
                 loss.mean().backward()
             elif schedule == "sum":
                 loss.sum().backward()
@@ -133,7 +148,8 @@ def run_one(spec: Dict[str, Any], case_: Dict[str, Any], rank: int, world: int,
         return {"error": type(error).__name__, "message": str(error),
                 "traceback": traceback.format_exc()}
     return {"loss": loss.detach(), "grad_hidden": hidden.grad, "grad_weight": weight.grad,
-            "grad_bias": None if bias is None else bias.grad, "recomputes": recomputes[0]}
+            "grad_bias": None if bias is None else bias.grad, "recomputes": recomputes[0],
+            "reduced": reduced if case_["schedule"] == "reduced" else None}
 
 
 def run_cases(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:

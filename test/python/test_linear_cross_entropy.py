@@ -395,6 +395,9 @@ def parallel_cases():
              for schedule in ("recompute", "fused-match", "mean", "no-grad")]
     made.append(c("uneven-local-smoothing", schedule="fused-match", chunk=4, uneven=True,
                   global_smoothing=False))
+    made += [c("reduced", schedule="reduced", chunk=3),
+             c("reduced-uneven-local-smoothing", schedule="reduced", chunk=4, uneven=True,
+               global_smoothing=False)]
     return made
 
 
@@ -512,9 +515,13 @@ class VocabParallelTest(unittest.TestCase):
             # memory ([N] rows; [S, B, H] with [B, S] labels copies them into row order), and
             # nothing on the device is read to find out otherwise. The second backward of
             # "fused-twice" recomputes: the first released them.
-            expected_recomputes = 0 if (schedule == "fused-match"
-                                        and case["layout"] == "rows") else 1
+            expected_recomputes = 0 if (schedule == "reduced" or (schedule == "fused-match"
+                                        and case["layout"] == "rows")) else 1
             self.assertEqual(result["recomputes"], expected_recomputes, f"{what} recomputes")
+            if schedule == "reduced":  # the mean of the tokens not ignored (upstream: 1/count)
+                data = cases.inputs_of(self.spec, case)
+                self.close(result["reduced"], (ref["loss"][rank] * data["upstream"]).sum(),
+                           f"{what} mean")
         if shares:
             self.close(sum(shares), ref["grad_hidden"], f"{name} world={world} sum of shares")
         if not case["options"]["global_smoothing"] and case["options"]["label_smoothing"]:
