@@ -54,6 +54,10 @@ d weight of each implementation against float64 (logits, softmax and both gradie
 in float64 from the bf16 values): relative Frobenius error, and the largest element error
 relative to the largest reference element.
 
+``--profile "cegen linear (mean);3 GEMMs"`` runs those implementations once more under
+torch.profiler at the first N and writes each operator's device time (OUT/profile-*.txt): where
+the time over the GEMMs goes.
+
 Writes OUT/results.json, OUT/table.md and OUT/linear.png (time over the three GEMMs per N),
 rewritten after every row, so that a run cut short still leaves what it measured.
 """
@@ -184,6 +188,35 @@ def accuracy(cegen: Any, bundle: Optional[str], peers: Dict[str, Any], n: int, h
     return rows
 
 
+def profile(name: str, n: int, step: Callable[[], None], zero: Callable[[], None],
+            dev: torch.device, out: Optional[Path]) -> None:
+    """One more step under torch.profiler: the operators' device (or host) time, largest
+    first, printed and written to OUT/profile-N-<name>.txt."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    zero()
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    table = None
+    for key in (("self_cuda_time_total", "self_device_time_total") if dev.type == "cuda"
+                else ("self_cpu_time_total",)):
+        try:
+            table = prof.key_averages().table(sort_by=key, row_limit=30)
+            break
+        except Exception:  # noqa: BLE001  (the key's name differs between torch versions)
+            continue
+    text = f"# {name}, N = {n}\n\n{table}\n"
+    log(text)
+    if out is not None:
+        slug = "".join(c if c.isalnum() else "-" for c in name).strip("-")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"profile-{n}-{slug}.txt").write_text(text)
+    zero()
+
+
 def empty_cache(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -281,6 +314,9 @@ def main() -> int:
                         help="chunk_tokens values to time cegen linear (mean) at too")
     parser.add_argument("--check-tokens", type=int, default=1024,
                         help="N of the float64 accuracy check (0: skip)")
+    parser.add_argument("--profile", default="",
+                        help="implementations (names as in the table, ';' between them) to run "
+                             "once more under torch.profiler at the first N: OUT/profile-*.txt")
     parser.add_argument("--out", default=None)
     parser.add_argument("--device", default="cuda",
                         help="cuda, or cpu for a dry run of the program at small shapes "
@@ -326,6 +362,7 @@ def main() -> int:
     from cegen.linear import default_chunk_tokens
 
     chunk_default = default_chunk_tokens(1 << 30, v, 2)
+    profiled = {name.strip() for name in args.profile.split(";") if name.strip()}
     sizes = [int(x) for x in args.tokens.split(",") if x]
     for n in sizes + ([args.long] if args.long else []):
         long_run = n == args.long and n not in sizes
@@ -409,6 +446,8 @@ def main() -> int:
             results["rows"].append(row)
             log(json.dumps(row))
             write(results, out)
+            if name in profiled and n == sizes[0] and "error" not in row:
+                profile(name, n, step, zero, dev, out)
         del hidden, weight, labels, upstream
         empty_cache(dev)
 
