@@ -103,8 +103,11 @@ CONFIGS: Dict[str, Tuple[bool, str, Optional[List[str]]]] = {
                                                "--turbo-ce-fused-gradient"]),
 }
 REFERENCE = "megatron-native"
-#: |mean loss difference| allowed at step 0 (same weights, same batch) and at later steps
-#: (the weights part by bf16 rounding differences of the gradients).
+#: |mean loss difference| allowed at step 0 (same weights, same batch) and at later steps.
+#: Later steps drift apart by the gradients' bf16 rounding, Megatron's two losses too: on the
+#: H200 (2026-12-02) megatron-unfused and megatron-native differed by 0.136 at a loss spike
+#: of the V = 128256 run. The later bound is the larger of LOSS_TOL_LATER and twice that
+#: spread where both ran; step 0's loss and gradient norm are the sharp checks.
 LOSS_TOL_FIRST, LOSS_TOL_LATER = 2e-3, 5e-2
 #: relative difference of the optimizer's gradient norm at step 0.
 GRAD_NORM_TOL = 2e-2
@@ -725,9 +728,18 @@ def _summary(values: List[float]) -> Dict[str, float]:
 
 def compare(runs: List[Dict[str, Any]]) -> None:
     """Each run's losses and step-0 gradient norm against the reference's at the same V."""
+    spread: Dict[int, float] = {}
+    for vocab in {r["vocab"] for r in runs}:
+        own = [r for r in runs if r["vocab"] == vocab and "losses" in r
+               and r["config"] in ("megatron-unfused", REFERENCE)]
+        if len(own) == 2:
+            spread[vocab] = max(abs(a - b) for a, b in zip(own[0]["losses"], own[1]["losses"]))
     for run in runs:
         if "losses" not in run:
             continue
+        later_tol = max(LOSS_TOL_LATER, 2 * spread.get(run["vocab"], 0.0))
+        run["megatron_own_spread"] = spread.get(run["vocab"])
+        run["loss_tol_later"] = later_tol
         ref = next((r for r in runs if r["vocab"] == run["vocab"] and r["config"] == REFERENCE
                     and "losses" in r), None)
         if ref is None:
@@ -743,7 +755,7 @@ def compare(runs: List[Dict[str, Any]]) -> None:
             problems.append("non-finite loss or gradient norm")
         if not run["loss_diff_first"] <= LOSS_TOL_FIRST:
             problems.append(f"step-0 loss differs by {run['loss_diff_first']:.2e}")
-        if not run["loss_diff_max"] <= LOSS_TOL_LATER:
+        if not run["loss_diff_max"] <= later_tol:
             problems.append(f"a later loss differs by {run['loss_diff_max']:.2e}")
         if not run["grad_norm_rel_first"] <= GRAD_NORM_TOL:
             problems.append(f"step-0 gradient norm differs by {run['grad_norm_rel_first']:.2e}")
@@ -792,6 +804,17 @@ def table_rows(results: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def _spread_note(results: Dict[str, Any]) -> str:
+    spreads = [f"{r['megatron_own_spread']:.3f} at V = {r['vocab']}" for r in results["runs"]
+               if r.get("megatron_own_spread") is not None and r["config"] == REFERENCE]
+    if not spreads:
+        return (f" Later steps are held to {LOSS_TOL_LATER} (megatron-unfused did not run, so "
+                "Megatron's own spread is unknown).")
+    return (" Megatron's own two losses (unfused, native) differ by at most "
+            + ", ".join(spreads) + "; later steps are held to twice that (at least "
+            f"{LOSS_TOL_LATER}).")
+
+
 def write_outputs(results: Dict[str, Any], out: Optional[Path]) -> None:
     if out is None:
         return
@@ -803,7 +826,9 @@ def write_outputs(results: Dict[str, Any], out: Optional[Path]) -> None:
             f"{meta.get('megatron')}, trainer {meta.get('trainer')}, cegen {meta.get('cegen_source')}",
             f"model: {meta.get('model')}", "",
             "Medians over the timed steps; loss layer = compute_language_model_loss's forward "
-            "and backward, CUDA events from hooks, summed over the step's micro-batches.", ""]
+            "and backward, CUDA events from hooks, summed over the step's micro-batches. "
+            "Δloss: the largest difference of a step's mean loss to the reference's over all "
+            "steps (step 0: same weights and batch)." + _spread_note(results), ""]
     text += table_rows(results)
     (out / "table.md").write_text("\n".join(text) + "\n")
     plot(results, out / "megatron_step.png")
@@ -889,7 +914,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.replot:
         folder = Path(args.replot)
-        write_outputs(json.loads((folder / "results.json").read_text()), folder)
+        results = json.loads((folder / "results.json").read_text())
+        compare(results["runs"])  # the checks of this version of the program
+        write_outputs(results, folder)
         print((folder / "table.md").read_text())
         return 0
     started = time.perf_counter()
