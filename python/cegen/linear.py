@@ -248,16 +248,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         hidden, weight, bias, labels, lse, weights, kernel_weights = ctx.saved_tensors
-        grads, ctx.grads = ctx.grads, None
         if ctx.reduction != "none":
             # Every token's upstream gradient is grad_out * weights (weights: the
             # reduction's 0-d weight); stride 0, as loss.sum()'s.
             grad_loss = (grad_out.float() * weights).expand(hidden.shape[0])
         else:
             grad_loss = grad_out
-        if grads is not None:
-            ctx.grad_out = grad_out
-            grads = _finish_fused(ctx, grads, grad_loss, hidden, weight, bias, labels, lse,
+        if ctx.grads is not None:  # handed on and released by _finish_fused
+            grads = _finish_fused(ctx, grad_out, grad_loss, hidden, weight, bias, labels, lse,
                                   weights, kernel_weights)
         else:
             grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
@@ -277,18 +275,20 @@ def _reduced(loss: torch.Tensor, weights: Optional[torch.Tensor],
     return (loss.sum() * weights).reshape(())
 
 
-def _finish_fused(ctx: Any, grads, grad_loss: torch.Tensor, hidden: torch.Tensor,
-                  weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
-                  lse: torch.Tensor, weights: torch.Tensor, kernel_weights: torch.Tensor):
-    """The forward's gradients (for the upstream ``kernel_weights``, zero-weight tokens
-    left out of d weight and d bias) turned into those of ``grad_loss``, without reading a
-    device value: see the module's docstring."""
-    grad_hidden, grad_weight, grad_bias = grads
-    del grads
+def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
+                  hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                  labels: torch.Tensor, lse: torch.Tensor, weights: torch.Tensor,
+                  kernel_weights: torch.Tensor):
+    """The forward's gradients ``ctx.grads`` (for the upstream ``kernel_weights``, the
+    zero-weight tokens left out of d weight and d bias), taken from ``ctx``, turned into
+    those of ``grad_loss`` without reading a device value: see the module's docstring."""
+    # Only these names hold them now, so that a recompute can release d weight first.
+    grad_hidden, grad_weight, grad_bias = ctx.grads
+    ctx.grads = None
     if ctx.reduction != "none" or (kernel_weights.dim() == 0 and _is_stride0(grad_loss)):
         # One value for every token on both sides: every gradient is scaled by g_0 / w'_0
         # (a reduction's: by its upstream gradient, the forward's weight being its own).
-        scale = (ctx.grad_out.float() if ctx.reduction != "none"
+        scale = (grad_out.float() if ctx.reduction != "none"
                  else grad_loss.reshape(-1)[0].float() / kernel_weights)
         for grad in (grad_hidden, grad_weight, grad_bias):
             if grad is not None:

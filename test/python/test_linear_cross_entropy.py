@@ -270,6 +270,31 @@ class LinearCrossEntropyTest(unittest.TestCase):
                     loss.backward(upstream * 2)  # not grad_weights: every schedule recomputes
                     self.assertGreater(len(alive), 4)
 
+    def test_forward_gradients_released_before_the_recompute(self):
+        """A backward that recomputes d weight releases the forward's d weight (and d bias)
+        before it allocates its own: never two of them at once."""
+        hidden, weight, bias, labels = self.problem()
+        made = []
+        real = linear._zero_grads
+
+        def watched(*args):
+            alive = [ref for ref in made if ref() is not None]
+            self.assertEqual(alive, [], "the forward's d weight is still alive")
+            grads = real(*args)
+            made.append(weakref.ref(grads[1]))
+            return grads
+
+        upstream = torch.rand((labels.shape[0],), generator=self.gen) + 0.5
+        for grad_weights in (upstream, 0.5):
+            with self.subTest(grad_weights=type(grad_weights).__name__):
+                made.clear()
+                h, w, b = (t.float().clone().requires_grad_(True) for t in (hidden, weight, bias))
+                with mock.patch.object(linear, "_zero_grads", watched):
+                    loss = cegen.linear_cross_entropy(h, w, labels, bias=b, chunk_tokens=3,
+                                                      grad_weights=grad_weights)
+                    loss.backward(upstream * 2)  # not grad_weights: d weight recomputed
+                self.assertEqual(len(made), 2)
+
     def test_megatron_layout_and_labels(self):
         s_len, b_len, h, v = 5, 3, 8, 29
         hidden = torch.randn((s_len, b_len, h), generator=self.gen, dtype=torch.float64)
