@@ -292,6 +292,10 @@ def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
                  else grad_loss.reshape(-1)[0].float() / kernel_weights)
         for grad in (grad_hidden, grad_weight, grad_bias):
             if grad is not None:
+                # A 0-d factor takes the gradient's dtype (PyTorch's promotion), so a bf16
+                # d weight is multiplied in one dtype, which PyTorch vectorizes; the factor's
+                # rounding (2^-9 relative in bf16, none for 1 or a power of two) adds to the
+                # element's, as cegen._rescale's bf16 ratio does.
                 grad.mul_(scale)
         return grad_hidden, grad_weight, grad_bias
     # d hidden's row t is w'_t d_t W: g_t / w'_t makes it g_t d_t W, for any g_t.
