@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 
-from . import _bundle_cache, _gradient_status, _validate
+from . import _bundle_cache, _gradient_status, _plans, _validate
 from ._errors import InvalidInputError
 from ._runtime import (CE_MAX_RANK, Device, DType, LabelLayout, LabelPolicy, Options,
                        TensorDesc, get_runtime)
@@ -118,6 +118,22 @@ class KernelOptions:
         if self.shard is not None and not isinstance(self.shard, Shard):
             raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
         _validate.label_out_of_range(self.label_out_of_range)
+
+    def __hash__(self) -> int:
+        # The fields' hash, computed once: every launch looks its plan up by a key that
+        # holds the options (cegen._plans; host time). Not pickled (str hashes differ
+        # between processes).
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.ignore_index, self.label_smoothing, self.z_loss,
+                           self.label_layout, self.bundle, self.shard, self.label_out_of_range))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
 
 
 #: The types whose values :func:`kernel_options` keeps: a Python call passes the same few
@@ -244,6 +260,9 @@ def describe(tensor: torch.Tensor, name: str) -> TensorDesc:
 
 
 _Extents = ctypes.c_int64 * CE_MAX_RANK
+#: The module's own describe: a replaced one (a hook that records descriptors) turns the
+#: launch plans off, so that it sees every tensor of every launch.
+_DESCRIBE = describe
 
 
 def token_shape(logits_shape: Sequence[int], label_layout: str) -> Tuple[int, ...]:
@@ -448,28 +467,95 @@ def check_labels(device: Optional[torch.device] = None, wait: bool = True) -> No
 
 
 # -- launches ------------------------------------------------------------------------------
+#
+# forward, backward and fused run a launch through a plan (cegen._plans) keyed by what
+# their checks and descriptors read: on a miss the inputs are checked, the kernel looked
+# up and every tensor described; on a hit only the data pointers are written. A hook on
+# `describe` (tests and benches record the descriptors) makes every call a miss.
+
+_F32 = torch.float32
+
+
+def _plan_for(plans: Dict[Tuple[Any, ...], _plans.Plan],
+              key: Optional[Tuple[Any, ...]]) -> Optional[_plans.Plan]:
+    """The plan kept under ``key``, None on a miss (also while ``describe`` is hooked)."""
+    plan = plans.get(key) if key is not None else None
+    if plan is None or plan.generation != _bundle_cache.generation or describe is not _DESCRIBE:
+        return None
+    return plan
+
+
+def _new_plan(plans: Dict[Tuple[Any, ...], _plans.Plan], key: Optional[Tuple[Any, ...]],
+              tokens: Tuple[int, ...], logits: torch.Tensor) -> _plans.Plan:
+    plan = _plans.Plan(_bundle_cache.generation, tokens, logits.device,
+                       _device_of(logits, "logits"))
+    if describe is _DESCRIBE:
+        _plans.store(plans, key, plan)
+    return plan
+
+
+def _launch_plan(plan: _plans.Plan, what: str, poll: bool) -> None:
+    """Calls the plan's entry point (its descriptors hold this call's data pointers) on
+    the current stream, after the label poll when ``poll``."""
+    where = plan.where
+    stream = None if not plan.gpu else (
+        _raw_stream(where[1]) if _raw_stream is not None else _stream_at(where))
+    if poll:
+        _gradient_status.poll(plan.device)
+        if plan.gpu:
+            plan.runtime.check_label_status(where[0], where[1], stream, wait=False)
+    status = plan.entry(plan.bundle.handle, plan.options_address, *plan.addresses, stream)
+    if status:
+        plan.runtime.check(status, what)
 
 
 def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
             checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss and lse (fp32, the labels' shape, contiguous). ``checked``: the
-    caller has just run :func:`check_inputs` on these tensors (host time)."""
-    _refuse_shard(options, "the forward")
-    tokens = (token_shape(logits.shape, options.label_layout) if checked
-              else check_inputs(logits, labels, options))
-    loss = _empty(tokens, torch.float32, logits.device)
-    lse = _empty(tokens, torch.float32, logits.device)
-    if loss.numel() == 0:
-        return loss, lse
-    where = _device_of(logits, "logits")
-    bundle, runtime_options = _launch("forward", logits, labels, options, where)
-    stream = _stream_at(where)
-    _poll_labels(logits.device, bundle.runtime, where, stream)
-    bundle.runtime.forward(
-        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
-        describe(loss, "loss"), describe(lse, "lse"), stream,
-    )
+    """Per-token loss and lse (fp32, the labels' shape, contiguous). The inputs are
+    checked once per call shape (``checked`` is accepted for callers that checked them:
+    a plan's key stands for the checks)."""
+    if options.shard is not None:
+        _refuse_shard(options, "the forward")
+    try:
+        key: Optional[Tuple[Any, ...]] = (
+            "forward", options, logits.dtype, logits.shape, logits.stride(), logits.device,
+            labels.dtype, labels.shape, labels.stride(), labels.device)
+    except Exception:  # not tensors (the checks below say so), or no strides
+        key = None
+    plans = _plans.thread_plans()
+    plan = _plan_for(plans, key)
+    if plan is None:
+        tokens = check_inputs(logits, labels, options)
+        plan = _new_plan(plans, key, tokens, logits)
+        loss = _empty(tokens, _F32, plan.device)
+        lse = _empty(tokens, _F32, plan.device)
+        if loss.numel() == 0:
+            return loss, lse
+        bundle, runtime_options = _launch("forward", logits, labels, options, plan.where)
+        plan.set_launch(bundle, runtime_options, "ce_forward", (
+            describe(logits, "logits"), describe(labels, "labels"), describe(loss, "loss"),
+            describe(lse, "lse")))
+    else:
+        loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        lse = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        if plan.bundle is None:
+            return _poisoned(loss), _poisoned(lse)
+        if _poison:
+            loss.fill_(float("nan"))
+            lse.fill_(float("nan"))
+    descs = plan.descs
+    descs[0].data = logits.data_ptr()
+    descs[1].data = labels.data_ptr()
+    descs[2].data = loss.data_ptr()
+    descs[3].data = lse.data_ptr()
+    _launch_plan(plan, "cegen forward", poll=True)
     return loss, lse
+
+
+def _poisoned(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if _poison and tensor is not None:
+        tensor.fill_(float("nan"))
+    return tensor
 
 
 def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
@@ -480,28 +566,62 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
     ``grad_loss`` may have any strides, 0 included (``loss.sum()``'s gradient); it is
     described as is. With ``overwrite`` the gradient is written over ``logits`` and None
     is returned; the caller has checked that the logits may be overwritten. ``checked``:
-    the tensors are a forward's, checked then, and ``grad_loss`` comes from autograd,
-    which checks its shape (host time).
+    the tensors are a forward's (``lse`` the forward's own), checked then, and
+    ``grad_loss`` comes from autograd, which checks its shape and device (host time: the
+    plan's key then leaves those out).
     """
-    if not checked:
-        tokens = check_inputs(logits, labels, options)
-        _check_token_tensor(lse, "lse", tokens, logits.device)
-        _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
-        if lse.dtype != torch.float32:
-            raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
-    if grad_loss.dtype != torch.float32:
-        grad_loss = grad_loss.float()  # the kernels read an fp32 upstream gradient
-    grad = None if overwrite else _empty_like(logits)
-    if lse.numel() == 0:
-        return grad
-    where = _device_of(logits, "logits")
-    bundle, runtime_options = _launch("backward", logits, labels, options, where,
-                                      overwrite=overwrite)
-    bundle.runtime.backward(
-        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
-        describe(lse, "lse"), describe(grad_loss, "grad_loss"),
-        None if grad is None else describe(grad, "grad"), _stream_at(where),
-    )
+    try:
+        if checked:
+            key: Optional[Tuple[Any, ...]] = (
+                "backward, checked", options, overwrite, logits.dtype, logits.shape,
+                logits.stride(), logits.device, labels.dtype, labels.stride(), lse.stride(),
+                grad_loss.dtype, grad_loss.stride())
+        else:
+            key = ("backward", options, overwrite, logits.dtype, logits.shape,
+                   logits.stride(), logits.device, labels.dtype, labels.shape,
+                   labels.stride(), labels.device, lse.dtype, lse.shape, lse.stride(),
+                   lse.device, grad_loss.dtype, grad_loss.shape, grad_loss.stride(),
+                   grad_loss.device)
+    except Exception:  # not tensors (the checks below say so), or no strides
+        key = None
+    plans = _plans.thread_plans()
+    plan = _plan_for(plans, key)
+    if plan is None:
+        if checked:
+            tokens = token_shape(logits.shape, options.label_layout)
+        else:
+            tokens = check_inputs(logits, labels, options)
+            _check_token_tensor(lse, "lse", tokens, logits.device)
+            _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
+            if lse.dtype != torch.float32:
+                raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
+        if grad_loss.dtype != torch.float32:
+            grad_loss = grad_loss.float()  # the kernels read an fp32 upstream gradient
+        plan = _new_plan(plans, key, tokens, logits)
+        grad = None if overwrite else _empty_like(logits)
+        if lse.numel() == 0:
+            return grad
+        bundle, runtime_options = _launch("backward", logits, labels, options, plan.where,
+                                          overwrite=overwrite)
+        plan.set_launch(bundle, runtime_options, "ce_backward", (
+            describe(logits, "logits"), describe(labels, "labels"), describe(lse, "lse"),
+            describe(grad_loss, "grad_loss"), None if grad is None else describe(grad, "grad")))
+    else:
+        if grad_loss.dtype != torch.float32:
+            grad_loss = grad_loss.float()  # strides as the plan's: the key holds the input's
+        grad = None if overwrite else torch.empty_like(logits)
+        if plan.bundle is None:
+            return _poisoned(grad)
+        if _poison and grad is not None:
+            grad.fill_(float("nan"))
+    descs = plan.descs
+    descs[0].data = logits.data_ptr()
+    descs[1].data = labels.data_ptr()
+    descs[2].data = lse.data_ptr()
+    descs[3].data = grad_loss.data_ptr()
+    if grad is not None:
+        descs[4].data = grad.data_ptr()
+    _launch_plan(plan, "cegen backward", poll=False)
     return grad
 
 
@@ -512,35 +632,64 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
 
     ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
     tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
-    written over ``logits`` and None is returned in its place.
+    written over ``logits`` and None is returned in its place. The inputs are checked
+    once per call shape (``checked`` as for :func:`forward`).
     """
-    _refuse_shard(options, "the fused forward+backward")
-    tokens = (token_shape(logits.shape, options.label_layout) if checked
-              else check_inputs(logits, labels, options))
-    if weights.dim() == 0:
-        kind = "scalar"
-        if weights.device != logits.device:
-            raise InvalidInputError(f"weights are on {weights.device} but logits are on {logits.device}")
+    if options.shard is not None:
+        _refuse_shard(options, "the fused forward+backward")
+    try:
+        key: Optional[Tuple[Any, ...]] = (
+            "fused", options, overwrite, logits.dtype, logits.shape, logits.stride(),
+            logits.device, labels.dtype, labels.shape, labels.stride(), labels.device,
+            weights.dtype, weights.shape, weights.stride(), weights.device)
+    except Exception:  # not tensors (the checks below say so), or no strides
+        key = None
+    plans = _plans.thread_plans()
+    plan = _plan_for(plans, key)
+    if plan is None:
+        tokens = check_inputs(logits, labels, options)
+        if weights.dim() == 0:
+            kind = "scalar"
+            if weights.device != logits.device:
+                raise InvalidInputError(
+                    f"weights are on {weights.device} but logits are on {logits.device}")
+        else:
+            kind = "token"
+            _check_token_tensor(weights, "grad_weights", tokens, logits.device)
+        if weights.dtype != torch.float32:
+            weights = weights.float()
+        plan = _new_plan(plans, key, tokens, logits)
+        loss = _empty(tokens, _F32, plan.device)
+        lse = _empty(tokens, _F32, plan.device)
+        grad = None if overwrite else _empty_like(logits)
+        if loss.numel() == 0:
+            return loss, lse, grad
+        bundle, runtime_options = _launch("fused", logits, labels, options, plan.where,
+                                          overwrite=overwrite, weights=kind)
+        plan.set_launch(bundle, runtime_options, "ce_fused", (
+            describe(logits, "logits"), describe(labels, "labels"),
+            describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
+            None if grad is None else describe(grad, "grad")))
     else:
-        kind = "token"
-        _check_token_tensor(weights, "grad_weights", tokens, logits.device)
-    if weights.dtype != torch.float32:
-        weights = weights.float()
-    loss = _empty(tokens, torch.float32, logits.device)
-    lse = _empty(tokens, torch.float32, logits.device)
-    grad = None if overwrite else _empty_like(logits)
-    if loss.numel() == 0:
-        return loss, lse, grad
-    where = _device_of(logits, "logits")
-    bundle, runtime_options = _launch("fused", logits, labels, options, where,
-                                      overwrite=overwrite, weights=kind)
-    stream = _stream_at(where)
-    _poll_labels(logits.device, bundle.runtime, where, stream)
-    bundle.runtime.fused(
-        bundle, runtime_options, describe(logits, "logits"), describe(labels, "labels"),
-        describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
-        None if grad is None else describe(grad, "grad"), stream,
-    )
+        if weights.dtype != torch.float32:
+            weights = weights.float()  # strides as the plan's: the key holds the input's
+        loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        lse = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        grad = None if overwrite else torch.empty_like(logits)
+        if plan.bundle is None:
+            return _poisoned(loss), _poisoned(lse), _poisoned(grad)
+        if _poison:
+            for tensor in (loss, lse, grad):
+                _poisoned(tensor)
+    descs = plan.descs
+    descs[0].data = logits.data_ptr()
+    descs[1].data = labels.data_ptr()
+    descs[2].data = weights.data_ptr()
+    descs[3].data = loss.data_ptr()
+    descs[4].data = lse.data_ptr()
+    if grad is not None:
+        descs[5].data = grad.data_ptr()
+    _launch_plan(plan, "cegen fused forward+backward", poll=True)
     return loss, lse, grad
 
 

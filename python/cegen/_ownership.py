@@ -195,11 +195,13 @@ def reset_overwrite_warnings() -> None:
         _warned.clear()
 
 
+_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+
+
 def bump_version(tensor: torch.Tensor) -> None:
     """Marks ``tensor`` as modified in place, so autograd rejects stale saved copies of it."""
-    increment = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
-    if increment is not None:
-        increment(tensor)
+    if _increment_version is not None:
+        _increment_version(tensor)
         return
     # PyTorch < 2.1: an in-place metadata no-op on an alias that shares the version counter.
     alias = tensor.detach()

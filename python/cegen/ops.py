@@ -18,6 +18,7 @@ buffer and an :class:`OverwriteRefusedWarning` says why, once per reason.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Any, Optional, Tuple, Union
@@ -128,6 +129,20 @@ def _fused_backward(ctx: Any, grad_loss: torch.Tensor, rescale: Any,
     return (grad,) + nones
 
 
+def _once_differentiable(fn: Any) -> Any:
+    """torch's ``once_differentiable``, without its ``no_grad`` block when grad mode is
+    already off: autograd runs a backward so unless ``create_graph=True`` (host time)."""
+    guarded = once_differentiable(fn)
+
+    @functools.wraps(fn)
+    def backward(ctx: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled():
+            return guarded(ctx, *args)
+        return fn(ctx, *args)
+
+    return backward
+
+
 class _EagerCrossEntropy(torch.autograd.Function):
     """:class:`_CrossEntropyFunction` when nothing traces the call: the kernels called with
     the options already checked (no custom-op dispatch, no second validation: host time),
@@ -143,7 +158,7 @@ class _EagerCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         logits, labels, lse = ctx.saved_tensors
         if ctx.overwrite:
@@ -175,7 +190,7 @@ class _EagerFusedCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         return _fused_backward(ctx, grad_loss, _rescale.rescale_fused_gradient, 5)
 
@@ -226,17 +241,37 @@ def cross_entropy_vouched(
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
                                      label_out_of_range)
+    return _eager_cross_entropy(logits, labels, python_refs, vouched_refs, ignore_index,
+                                label_smoothing, z_loss, overwrite_input, label_layout,
+                                grad_weights, bundle, label_out_of_range, 4)
+
+
+def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs: int,
+                         vouched_refs: int, ignore_index: Any, label_smoothing: Any,
+                         z_loss: Any, overwrite_input: Any, label_layout: Any,
+                         grad_weights: GradWeights, bundle: BundleArg,
+                         label_out_of_range: Any, stacklevel: int) -> torch.Tensor:
+    """The call when torch.compile is not tracing it (positional arguments: host time).
+    ``stacklevel`` names the user's line in a refused-overwrite warning."""
     # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
     options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
                              bundle if bundle is None or type(bundle) is str
                              else _validate.bundle(bundle), label_out_of_range)
     if type(overwrite_input) is not bool:
         overwrite_input = _validate.flag("overwrite_input", overwrite_input)
-    grad_weights = _checked_weights(grad_weights)
-    check_inputs(logits, labels, options)
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad
-    overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
-    if not _library.traced(logits):
+    if grad_weights is not None:
+        grad_weights = _checked_weights(grad_weights)
+    needs_grad = logits.requires_grad and torch.is_grad_enabled() if isinstance(
+        logits, torch.Tensor) else False
+    traced = _library.traced(logits)
+    if overwrite_input or traced:
+        # Checked before a refusal can warn (and before the custom ops, which check when
+        # they run, for an eager error under a dispatch mode); otherwise the kernels check
+        # once per call shape (cegen._plans).
+        check_inputs(logits, labels, options)
+    overwrite = overwrite_input and grant_overwrite(logits, True, python_refs, vouched_refs,
+                                                    stacklevel=stacklevel)
+    if not traced:
         # Nothing traces this call: the kernels directly, with the options checked above.
         if not needs_grad:
             return _kernels.forward(logits, labels, options, checked=True)[0]
@@ -258,7 +293,7 @@ def cross_entropy_vouched(
 def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: Any,
                           label_smoothing: Any, z_loss: Any, overwrite_input: Any,
                           label_layout: Any, grad_weights: GradWeights, bundle: BundleArg,
-                          label_out_of_range: Any) -> torch.Tensor:
+                          label_out_of_range: Any, stacklevel: int = 4) -> torch.Tensor:
     """What torch.compile traces: the autograd Functions over the custom ops, nothing else.
 
     No Python-side checks or caches here (dynamo would have to trace them; it graph-breaks
@@ -266,7 +301,7 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     runs them, and their fake implementations check the shapes while tracing. Overwrite
     is refused (the traced tensors are not the ones that run)."""
     if overwrite_input:
-        grant_overwrite(logits, True, 0, 0, stacklevel=4)  # warns why it is refused
+        grant_overwrite(logits, True, 0, 0, stacklevel=stacklevel)  # warns why it is refused
     if bundle is not None and not isinstance(bundle, str):
         bundle = _validate.bundle(bundle)
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
@@ -339,10 +374,12 @@ def cross_entropy(
     """
     # First statement: see cegen._ownership. Skipped while torch.compile traces (the
     # traced objects are not the ones that run, and overwrite is then refused anyway).
-    python_refs = 0 if is_compiling() else sys.getrefcount(logits)
-    return cross_entropy_vouched(
-        logits, labels, python_refs=python_refs, vouched_refs=0, ignore_index=ignore_index,
-        label_smoothing=label_smoothing, z_loss=z_loss, overwrite_input=overwrite_input,
-        label_layout=label_layout, grad_weights=grad_weights, bundle=bundle,
-        label_out_of_range=label_out_of_range,
-    )
+    compiling = is_compiling()
+    python_refs = 0 if compiling else sys.getrefcount(logits)
+    if compiling:
+        return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
+                                     overwrite_input, label_layout, grad_weights, bundle,
+                                     label_out_of_range, stacklevel=3)
+    return _eager_cross_entropy(logits, labels, python_refs, 0, ignore_index, label_smoothing,
+                                z_loss, overwrite_input, label_layout, grad_weights, bundle,
+                                label_out_of_range, 3)
