@@ -21,7 +21,10 @@ name, grid, block, dynamic LDS bytes and the runtime's ``void **params`` to
   into ``COMPUTE_PGM_RSRC2.LDS_SIZE``, which is where the emulator reads it;
 - runs the grid (``run_asm``, ``cdna`` mode, wave64), with the ``s_setreg_imm32_b32`` writes of
   MODE's denormal bits that flushing kernels put around an f32 division made ``s_nop`` (the
-  emulator cannot run them and flushes denormals regardless: :func:`_skip_denorm_mode_write`).
+  emulator cannot run them and flushes denormals regardless: :func:`_skip_denorm_mode_write`);
+- on gfx90a code objects, runs the unfused multiply-adds that CDNA2 has and CDNA3/4 dropped
+  (``v_mad_f32``, ``v_mac_f32``, ``v_madmk_f32``, ``v_madak_f32``), which tinygrad's tables,
+  built from the CDNA4 ISA, do not know or decode as other instructions (:class:`Gfx90aOps`).
 
 What the emulator is and is not: see docs/AMD-TESTS.md (no ``s_waitcnt``/hazard model, f32
 denormals flushed, not validated against CDNA silicon).
@@ -116,6 +119,10 @@ RSRC2_LDS_SHIFT, RSRC2_LDS_MASK = 15, 0x1FF
 LDS_GRANULE = 512
 
 
+#: EF_AMDGPU_MACH values of the chips cegen targets (llvm/BinaryFormat/ELF.h).
+EF_AMDGPU_MACH = {0x3F: "gfx90a", 0x4C: "gfx942", 0x4F: "gfx950"}
+
+
 @dataclass
 class KernelDescriptor:
     address: int  # virtual address of SYMBOL.kd in the code object
@@ -161,6 +168,8 @@ class CodeObject:
                 struct.unpack_from("<IIQQQQQQ", image, phoff + i * phentsize)
             if kind == 1:  # PT_LOAD
                 self.segments.append((offset, vaddr, filesz, memsz))
+        #: EF_AMDGPU_MACH (the low byte of e_flags): the chip the code was compiled for.
+        self.chip = EF_AMDGPU_MACH.get(self.flags & 0xFF, f"mach 0x{self.flags & 0xFF:x}")
         self.symbols = self._symbols()
         self.metadata = self._metadata()
         self.kernels_metadata = {k[".name"]: k for k in self.metadata.get("amdhsa.kernels", [])}
@@ -268,6 +277,121 @@ class LaunchError(RuntimeError):
     pass
 
 
+# -- gfx90a-only instructions -----------------------------------------------------------------
+
+#: VOP2 opcode field (bits 30:25, bit 31 clear) and VOP3 opcode field (bits 25:16 under the
+#: 0b110100 prefix) of gfx9's unfused f32 multiply-adds, which gfx90a (CDNA2) has and gfx940+
+#: (CDNA3/4) dropped: LLVM forms them only when f32 denormals are flushed (they flush). Each
+#: maps to the CDNA4 instruction with the same operand layout (its FMA) and the pcode that
+#: tinygrad runs for it instead: the product rounded to f32, then the sum rounded (two
+#: roundings, not an FMA's one). tinygrad decodes VOP2 22 as v_dot2c_f32_bf16, 23/24 as
+#: v_fmamk/v_fmaak_f32 (fused) and VOP3 0x116 as v_dot2c_f32_bf16_e64 (all silently wrong for
+#: gfx90a code), and VOP3 0x1c1 not at all.
+#:
+#: The product is taken in f64 (exact for two f32) and rounded to f32 by a conversion: written
+#: ``S0.f32 * S1.f32 + S2.f32``, tinygrad renders one C expression that clang (-O2, its default
+#: -ffp-contract=on, -march=native) compiles to a single vfmadd, i.e. an FMA. The f64 -> f32
+#: conversion rounds as an f32 multiply would and flushes a subnormal product (FTZ), which
+#: gfx90a's v_mad_f32 does too.
+def _mad_pcode(a: str, b: str, c: str) -> str:
+    return f"D0.f32 = 32'F(64'F({a}) * 64'F({b})) + {c}"
+
+
+GFX90A_VOP2 = {22: ("v_mac_f32_e32", 59, _mad_pcode("S0.f32", "S1.f32", "D0.f32")),
+               23: ("v_madmk_f32", 23, _mad_pcode("S0.f32", "SIMM32.f32", "S1.f32")),
+               24: ("v_madak_f32", 24, _mad_pcode("S0.f32", "S1.f32", "SIMM32.f32"))}
+GFX90A_VOP3 = {0x116: ("v_mac_f32_e64", 0x13B, _mad_pcode("S0.f32", "S1.f32", "D0.f32")),
+               0x1C1: ("v_mad_f32", 0x1CB, _mad_pcode("S0.f32", "S1.f32", "S2.f32"))}
+#: gfx90a-only VOP3 opcodes no cegen kernel uses, refused rather than run as something else:
+#: v_mad_legacy_f32 (0 * anything = 0) and the VOP3 forms of v_madmk/v_madak (none exist).
+GFX90A_VOP3_REFUSED = {0x1C0: "v_mad_legacy_f32"}
+VOP3_PREFIX, VOP3_OPCODE_SHIFT, VOP3_OPCODE_MASK = 0b110100, 16, 0x3FF
+SRC0_SDWA, SRC0_DPP = 0xF9, 0xFA
+
+
+def gfx90a_only(data: bytes) -> Optional[Tuple[str, bytes, str]]:
+    """For an instruction of gfx90a code starting at `data` (at least 8 bytes): None if it means
+    the same on CDNA4, else (gfx90a mnemonic, the CDNA4 bytes to decode in its place, the pcode
+    to compile for it). Raises LaunchError for a gfx90a-only form this layer does not run."""
+    word = struct.unpack_from("<I", data, 0)[0]
+    if word >> 31 == 0 and (word >> 25) & 0x3F in GFX90A_VOP2:  # VOP2 (bit 31 clear)
+        name, opcode, pcode = GFX90A_VOP2[(word >> 25) & 0x3F]
+        if word & 0x1FF in (SRC0_SDWA, SRC0_DPP):
+            raise LaunchError(f"gfx90a {name} with SDWA/DPP is not emulated")
+        new = (word & ~(0x3F << 25)) | (opcode << 25)
+        return name, struct.pack("<I", new) + data[4:], pcode
+    if word >> 26 == VOP3_PREFIX:
+        op = (word >> VOP3_OPCODE_SHIFT) & VOP3_OPCODE_MASK
+        if op in GFX90A_VOP3_REFUSED:
+            raise LaunchError(f"gfx90a {GFX90A_VOP3_REFUSED[op]} is not emulated")
+        if op in GFX90A_VOP3:
+            name, opcode, pcode = GFX90A_VOP3[op]
+            if (struct.unpack_from("<I", data, 4)[0] >> 27) & 3:
+                raise LaunchError(f"gfx90a {name} with an output modifier is not emulated")
+            new = (word & ~(VOP3_OPCODE_MASK << VOP3_OPCODE_SHIFT)) | (opcode << VOP3_OPCODE_SHIFT)
+            return name, struct.pack("<I", new) + data[4:], pcode
+    return None
+
+
+class Gfx90aOps:
+    """Compiles gfx90a's unfused multiply-adds for tinygrad's emulator, as tinygrad compiles an
+    instruction (``emu._get_runner``), but from the CDNA4 FMA of the same operand layout with
+    the unfused pcode in place of the FMA's; the operand fields are read from the instruction's
+    own bytes at run time, as for every instruction. Runners are shared between instructions
+    that differ only in those fields (tinygrad's canonical masks), kept apart from tinygrad's
+    own caches so that a real ``v_fma_f32`` never runs the unfused code."""
+
+    def __init__(self, emu):
+        self.emu = emu
+        self.runners: List[Tuple[int, int, int, object]] = []  # (base, mask, size, runner)
+        #: mnemonic -> instructions decoded (once per instruction and launch) through this layer
+        self.decoded: Dict[str, int] = {}
+
+    def runner(self, data: bytes, cdna_bytes: bytes, pcode: str):
+        emu = self.emu
+        from tinygrad.renderer.amd import decode_inst
+
+        inst = decode_inst(cdna_bytes, "cdna")
+        size = inst.size()
+        value = int.from_bytes(cdna_bytes[:size], "little")
+        for base, mask, known_size, runner in self.runners:
+            if known_size == size and value & mask == base:
+                return runner, inst
+        handler = next(emu._INST_HANDLERS[c] for c in type(inst).__mro__
+                       if c in emu._INST_HANDLERS)
+        ctx = emu._Ctx(size, 64)
+        fma_pcode = emu.get_pcode
+        emu.get_pcode = lambda op: pcode if op is inst.op else fma_pcode(op)
+        try:
+            sink = handler(inst, ctx)
+        finally:
+            emu.get_pcode = fma_pcode
+        base, mask, size = ctx.canonical_mask(cdna_bytes)
+        name = f"gfx90a_mad_{inst.op.name.lower()}_{base.to_bytes(size, 'little').hex()}"
+        sink = sink.replace(arg=emu.KernelInfo(name=name)).rtag(1)
+        with emu.Context(NOOPT=1, CHECK_OOB=0, TUPLE_ORDER=0, EMULATED_DTYPES="",
+                         CAPTURE_PROCESS_REPLAY=0, PROFILE=0):
+            program = emu.to_program(sink, emu.Device["CPU"].renderer)
+            runtime = emu.get_runtime("CPU", program)
+        runner = (program, runtime)
+        self.runners.append((base, mask, size, runner))
+        return runner, inst
+
+
+def decode_name(emu, data: bytes, chip: str) -> Tuple[str, int]:
+    """(mnemonic in tinygrad's spelling, V_ADD_F32_E32; size in bytes) of the instruction at
+    `data` as this launcher runs it on `chip`: tinygrad's CDNA decoding, or this layer's for
+    gfx90a-only instructions."""
+    from tinygrad.renderer.amd import decode_inst
+
+    if chip == "gfx90a":
+        special = gfx90a_only(data[:16])
+        if special is not None:
+            return special[0].upper(), decode_inst(special[1], "cdna").size()
+    inst = decode_inst(data[:16], "cdna")
+    return emu._op_name(inst), inst.size()
+
+
 @dataclass
 class LaunchRecord:
     symbol: str
@@ -298,21 +422,26 @@ def build_fake_hip(out_dir: Path) -> Path:
 class Emulator:
     """tinygrad's CDNA emulator behind emulator_hip.c's launch hook."""
 
-    def __init__(self, tinygrad: Path, fake_hip: Path, log: Callable[[str], None] = print):
+    def __init__(self, tinygrad: Path, fake_hip: Optional[Path],
+                 log: Callable[[str], None] = print):
         self.tinygrad = Path(tinygrad).resolve()
         if not (self.tinygrad / "test/mockgpu/amd/emu.py").is_file():
             raise FileNotFoundError(f"{self.tinygrad} has no test/mockgpu/amd/emu.py")
-        sys.path.insert(0, str(self.tinygrad))
+        if str(self.tinygrad) not in sys.path:
+            sys.path.insert(0, str(self.tinygrad))
         import test.mockgpu.amd.emu as emu  # noqa: E402  (tinygrad's, from its checkout)
 
         self.emu = emu
+        self.gfx90a = Gfx90aOps(emu)
         self.log = log
-        # Loaded before libce_runtime: its dlopen("libamdhip64.so") matches this soname.
-        self.hip = ctypes.CDLL(str(fake_hip), mode=ctypes.RTLD_GLOBAL)
-        self.hip.emulator_hip_add_device.argtypes = [ctypes.c_char_p]
-        self.hip.emulator_hip_launches.restype = ctypes.c_int64
-        self._hook = HOOK_TYPE(self._launch_hook)  # kept alive as long as the emulator
-        self.hip.emulator_hip_set_launch_hook(self._hook)
+        self.hip = None
+        if fake_hip is not None:  # None: raw code only (run_code), no HIP device
+            # Loaded before libce_runtime: its dlopen("libamdhip64.so") matches this soname.
+            self.hip = ctypes.CDLL(str(fake_hip), mode=ctypes.RTLD_GLOBAL)
+            self.hip.emulator_hip_add_device.argtypes = [ctypes.c_char_p]
+            self.hip.emulator_hip_launches.restype = ctypes.c_int64
+            self._hook = HOOK_TYPE(self._launch_hook)  # kept alive as long as the emulator
+            self.hip.emulator_hip_set_launch_hook(self._hook)
         self.code_objects: Dict[str, CodeObject] = {}
         self.launches: List[LaunchRecord] = []
         self.last_error: Optional[str] = None
@@ -428,13 +557,30 @@ class Emulator:
         base = co.load()
         entry = base + kd.address + kd.entry_offset
         code_end = base + max(v + m for _o, v, _f, m in co.segments)
-        decode = self.emu._decode_at
         target = (base + co.virtual_address(self.mutation[1])
                   if self.mutation and co is self.code_objects.get(self._mutated_key) else None)
+        self._run(co.chip, entry, code_end - entry, grid, block, kernarg_at, rsrc2, user_data,
+                  target)
+        device = self.hip.emulator_hip_current_device()
+        self.launches.append(LaunchRecord(symbol, grid, block, device, lds, names, size,
+                                          time.time() - started))
+
+    def _run(self, chip: str, entry: int, size: int, grid, block, kernarg_at: int, rsrc2: int,
+             user_data: List[int], target: Optional[int] = None) -> None:
+        """run_asm on `chip`'s code at `entry`, decoding through this launcher's layer: the
+        denormal-mode writes skipped, gfx90a's own instructions (on gfx90a), and the mutation
+        target's execution recorded."""
+        decode = self.emu._decode_at
 
         def decoding(pc: int, arch: str):
             _skip_denorm_mode_write(pc)
-            runner, inst = decode(pc, arch)
+            special = gfx90a_only(ctypes.string_at(pc, 16)) if chip == "gfx90a" else None
+            if special is not None:
+                runner, inst = self.gfx90a.runner(ctypes.string_at(pc, 16), special[1],
+                                                  special[2])
+                self.gfx90a.decoded[special[0]] = self.gfx90a.decoded.get(special[0], 0) + 1
+            else:
+                runner, inst = decode(pc, arch)
             if target is not None and pc <= target < pc + inst.size():
                 # Record whether the changed bytes were decoded (run) in this launch.
                 self.mutation_executed = True
@@ -442,13 +588,20 @@ class Emulator:
 
         self.emu._decode_at = decoding
         try:
-            self.emu.run_asm(entry, code_end - entry, grid[0], grid[1], grid[2], block[0],
-                             block[1], block[2], kernarg_at, rsrc2, 0, "cdna", user_data)
+            self.emu.run_asm(entry, size, grid[0], grid[1], grid[2], block[0], block[1],
+                             block[2], kernarg_at, rsrc2, 0, "cdna", user_data)
         finally:
             self.emu._decode_at = decode
-        device = self.hip.emulator_hip_current_device()
-        self.launches.append(LaunchRecord(symbol, grid, block, device, lds, names, size,
-                                          time.time() - started))
+
+    def run_code(self, code: bytes, chip: str, user_sgprs: List[int], threads: int = 64) -> None:
+        """Runs raw machine code (ending in s_endpgm) as one workgroup of `threads` work-items
+        with `user_sgprs` in s0, s1, ... (instruction tests: test_gfx90a_mad.py)."""
+        memory = ctypes.create_string_buffer(len(code) + 4096 + 64)
+        entry = (ctypes.addressof(memory) + 4095) & ~4095
+        ctypes.memmove(entry, code, len(code))
+        rsrc2 = len(user_sgprs) << RSRC2_USER_SGPR_SHIFT
+        self._run(chip, entry, len(code), (1, 1, 1), (threads, 1, 1), 0, rsrc2,
+                  list(user_sgprs))
 
     @staticmethod
     def _dispatch_packet(buffer, grid, block, kd: KernelDescriptor, dynamic_lds: int,

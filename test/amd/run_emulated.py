@@ -235,6 +235,7 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     keys = sorted(k for k in harness.kernels if filter_text in k)
     started = time.time()
     launches_before = len(emulator.launches)
+    gfx90a_before = dict(emulator.gfx90a.decoded)
     log(f"{chip}: {len(keys)} kernels x {len(cases)} cases"
         f"{' + 4 bad-label cases' if bad_labels else ''}")
     coverage: Dict[str, set] = {}
@@ -247,10 +248,14 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
         log(f"  [{'FAIL' if failed else ' ok '}] {index + 1}/{len(keys)} {text} "
             f"({time.time() - t0:.1f} s)")
     launches = emulator.launches[launches_before:]
+    gfx90a_ops = {name: n - gfx90a_before.get(name, 0)
+                  for name, n in emulator.gfx90a.decoded.items() if n > gfx90a_before.get(name, 0)}
     results[chip] = {
         "kernels": len(keys), "checks": report.checks, "failures": report.failures,
         "failed_kernels": sorted(report.failed_kernels)[:50], "launches": len(launches),
         "subnormal_elements_flushed": instrumented.flushed.get(chip, 0),
+        # gfx90a-only instructions run through the launcher's layer (decoded per launch)
+        "gfx90a_layer_instructions": dict(sorted(gfx90a_ops.items())),
         "user_sgprs": sorted({" ".join(r.user_sgprs) for r in launches}),
         "lds_bytes": sorted({r.lds_bytes for r in launches}),
         "coverage": {field: sorted(values) for field, values in sorted(coverage.items())},
@@ -260,27 +265,32 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     log(f"{chip}: {len(keys)} kernels, {len(launches)} launches, {report.checks} checks, "
         f"{report.failures} failures, {instrumented.flushed.get(chip, 0)} subnormal gradient "
         f"elements flushed by the emulator, {time.time() - started:.0f} s")
+    if gfx90a_ops:
+        log(f"{chip}: gfx90a-only instructions run by the launcher's layer (decoded per launch): "
+            f"{json.dumps(results[chip]['gfx90a_layer_instructions'])}")
 
 
 # -- the mutation check -----------------------------------------------------------------------
 
 
 def find_instruction(emulator, co, symbol: str, want, last: bool = False):
-    """(file offset, decoded instruction) of the first (or last) instruction of the function
-    `symbol` for which `want(op name, its bytes)` holds, decoding from its entry to its end
-    with tinygrad's decoder (the one the emulator runs)."""
-    from tinygrad.renderer.amd import decode_inst
+    """(file offset, op name) of the first (or last) instruction of the function `symbol` for
+    which `want(op name, its bytes)` holds, decoding from its entry to its end as the emulator
+    runs it (tinygrad's decoder, with the launcher's gfx90a layer on gfx90a)."""
+    from emulator import decode_name
 
     address, size = co.symbols[symbol]
     offset = next(o + address - v for o, v, f, _m in co.segments if v <= address < v + f)
-    end, found = offset + size, None
+    end, found, previous = offset + size, None, ("", b"")
     while offset < end:
-        inst = decode_inst(co.image[offset:offset + 16], "cdna")
-        if want(emulator.emu._op_name(inst), co.image[offset:offset + inst.size()]):
-            found = (offset, inst)
+        name, length = decode_name(emulator.emu, co.image[offset:offset + 16], co.chip)
+        raw = co.image[offset:offset + length]
+        if want(name, raw) if want.__code__.co_argcount == 2 else want(name, raw, previous):
+            found = (offset, name)
             if not last:
                 break
-        offset += inst.size()
+        previous = (name, raw)
+        offset += length
     if found is None:
         raise LookupError(f"no matching instruction in {symbol}")
     return found
@@ -293,7 +303,7 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
     import hashlib
     import struct
 
-    from tinygrad.renderer.amd import decode_inst
+    from emulator import decode_name
 
     texts = sorted(k for k in harness.kernels if k.startswith("op=forward,logits=f32,"))
     # The plainest one: no smoothing, no z-loss, when the bundles have it (its cases run with
@@ -313,13 +323,18 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
 
     mutations = []
 
-    def vop2(name: str, new_op: int, last: bool):
-        """The first (last) VOP2 `name` with its opcode (bits 30:25) replaced by `new_op`."""
-        at, inst = find_instruction(emulator, co, symbol, lambda op, raw: op == name, last)
+    def vop2(name: str, new_op: int, last: bool, after=None):
+        """The first (last) VOP2 `name` (right after an instruction for which `after(op name,
+        bytes, this instruction's bytes)` holds, if given) with its opcode (bits 30:25)
+        replaced by `new_op`."""
+        at, inst = find_instruction(
+            emulator, co, symbol,
+            lambda op, raw, previous: op == name and (after is None or after(*previous, raw)),
+            last)
         word = struct.unpack_from("<I", image, at)[0]
         patch = struct.pack("<I", (word & ~(0x3F << 25)) | (new_op << 25))
-        return ("instruction", at, patch, repr(inst),
-                repr(decode_inst(patch + co.image[at + 4:at + 16], "cdna")))
+        return ("instruction", at, patch, inst,
+                decode_name(emulator.emu, patch + co.image[at + 4:at + 16], co.chip)[0])
 
     # One instruction: the kernel's last v_add_f32 (VOP2 op 1), lse = max + log(sum) in the
     # epilogue, becomes v_sub_f32 (op 2).
@@ -330,8 +345,24 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
     at, inst = find_instruction(emulator, co, symbol,
                                 lambda name, raw: len(raw) == 8 and raw[4:] == lit, last=True)
     patch = struct.pack("<I", 0x3F400000)
-    mutations.append(("constant", at + 4, patch, repr(inst),
-                      repr(decode_inst(co.image[at:at + 4] + patch + b"\0" * 8, "cdna"))))
+    mutations.append(("constant", at + 4, patch, f"{inst} 0x3f317200", f"{inst} 0x3f400000"))
+    # gfx90a's flushed code merges two lanes' (max, sum) states with v_mac_f32 (run by the
+    # emulator's gfx90a layer), sums kept without the maximum's own 1: S = S_a + e^(m_b - m_a)
+    # (1 + S_b), the 1 + S_b from the v_add_f32 just before. The first such v_mac_f32 becomes
+    # v_mul_f32 (op 5), which drops S_a. (The main loop's v_mac_f32 adds a rounding-correction
+    # term, within the tolerance when dropped; the long-row path merges with v_pk_fma_f32.)
+    def plus_one_feeds(prev_name: str, prev_raw: bytes, raw: bytes) -> bool:
+        if prev_name != "V_ADD_F32_E32" or prev_raw[0] | (prev_raw[1] & 1) << 8 != 242:
+            return False  # not v_add_f32_e32 vD, 1.0, vX (src0 242: the inline 1.0)
+        word, prev = struct.unpack_from("<I", raw)[0], struct.unpack_from("<I", prev_raw)[0]
+        dest = (prev >> 17) & 0xFF
+        return (word & 0x1FF) == 256 + dest or (word >> 9) & 0xFF == dest
+
+    if co.chip == "gfx90a":
+        try:
+            mutations.append(vop2("V_MAC_F32_E32", 0x05, last=False, after=plus_one_feeds))
+        except LookupError:
+            log(f"mutation ({chip}): {symbol} has no v_mac_f32_e32 (denormals kept)")
     # A control that the arithmetic tolerates: the first v_max_f32 (op 11) becomes v_min_f32
     # (op 10); it only lowers the shift that the exponentials are taken against. (gfx950's
     # forward kernels have no v_max_f32_e32.)
