@@ -102,19 +102,15 @@ GpuTuningTable GpuTuningTable::of(const GpuChip &chip) {
     return table;
   }
   // gfx9 is unmeasured (no device): 4 wave64 waves, no row cache.
-  // gfx90a keeps f32 denormals and unroll 2 everywhere (unroll 4 reaches 128
-  // VGPRs, the 4-waves-per-SIMD limit). Flushed, its code uses v_mad_f32,
-  // which the CDNA emulator (docs/AMD-TESTS.md) cannot run, so that change is
-  // not verified there yet.
-  GpuTuning wave64{/*blockSize=*/256, /*unroll=*/2};
-  if (StringRef(chip.name) == "gfx90a")
-    return GpuTuningTable{wave64, wave64, wave64, {}, {}};
-  // gfx942 and gfx950, from the static table (docs/AMD-TESTS.md, issue 19):
-  // f32 denormals flushed as on sm_90 (drops the exponential's
+  // gfx942, gfx950 and gfx90a, from the static table (docs/AMD-TESTS.md,
+  // issue 19): f32 denormals flushed as on sm_90 (drops the exponential's
   // 5-instruction scaling: the gfx942 forward 16.8 -> 11.2 VALU per logit);
   // the statistics kernels then load 4 vectors per lane and step at 64 VGPRs,
   // 7 waves (128 VGPRs without the flush). The backward and fused kernels
   // keep unroll 2 (the fused kernel's unroll 4 takes 82 VGPRs, 5 waves).
+  // Flushed, gfx90a's code uses v_mad_f32/v_mac_f32 (CDNA2's unfused
+  // multiply-adds), which the emulator runs through test/amd's gfx90a layer.
+  GpuTuning wave64{/*blockSize=*/256, /*unroll=*/2};
   wave64.flushDenormals = true;
   GpuTuning statistics = wave64;
   statistics.unroll = 4;
@@ -127,6 +123,7 @@ GpuTuning GpuTuningTable::forOp(KernelOp op) const {
   case KernelOp::ShardStats:
     return statistics;
   case KernelOp::Backward:
+  case KernelOp::Rescale: // a sweep that reads and writes, as a backward's
     return gradient;
   case KernelOp::Fused:
     return fused;
@@ -142,6 +139,7 @@ ArrayRef<GpuLongerRows> GpuTuningTable::longerRowsFor(KernelOp op) const {
     return gradientLongerRows;
   case KernelOp::Forward:
   case KernelOp::ShardStats:
+  case KernelOp::Rescale:
     return {};
   }
   return {};

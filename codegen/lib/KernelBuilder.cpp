@@ -127,6 +127,12 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   constexpr size_t numValues = std::size(::ce::kValueRoles);
   ValueRange values = args.take_back(numValues);
   ValueRange tensors = args.drop_back(numValues);
+  auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
+  if (key.op == KernelOp::Rescale) {
+    // Grad, weights, grad_loss; the value arguments are unused.
+    RescaleOp::create(b, loc, tensors[0], tensors[1], tensors[2], layout);
+    return;
+  }
   Value logits = tensors[0], labels = tensors[1], status = tensors.back();
   Value flags = values[0], ignoreIndex = values[1];
   Value smoothingValue = key.smoothing ? values[2] : Value();
@@ -136,7 +142,6 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   bool sharded = key.op == KernelOp::Backward || key.op == KernelOp::ShardStats;
   Value shardStart = sharded ? values[4] : Value();
   Value shardVocab = sharded ? values[5] : Value();
-  auto layout = LayoutAttr::get(b.getContext(), toLayout(key.layout));
   IntegerAttr ignore;
   FloatAttr smoothing = b.getF32FloatAttr(0.0f);
   FloatAttr zLoss = b.getF32FloatAttr(0.0f);
@@ -169,6 +174,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                     shardVocab, layout, ignore, smoothing, zLoss, shard,
                     overwrite);
     break;
+  case KernelOp::Rescale:
+    break; // built above
   }
 }
 
@@ -274,7 +281,7 @@ private:
 FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
   SmallVector<Operation *> ceOps;
   func.walk([&](Operation *op) {
-    if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
+    if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp, RescaleOp>(op))
       ceOps.push_back(op);
   });
   if (ceOps.size() != 1)
@@ -353,6 +360,15 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
         succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
         succeeded(roles.add(ArgRole::Grad, op.getGrad())));
+  } else if (auto op = dyn_cast<RescaleOp>(ceOps[0])) {
+    key.op = KernelOp::Rescale;
+    key.logits = *fromMlirType(op.getGrad().getType().getElementType());
+    key.layout = fromLayout(op.getLayout());
+    key.canonicalRescale();
+    result = LogicalResult::success(
+        succeeded(roles.add(ArgRole::Grad, op.getGrad())) &&
+        succeeded(roles.add(ArgRole::Weights, op.getWeights())) &&
+        succeeded(roles.add(ArgRole::GradLoss, op.getGradLoss())));
   }
   if (failed(result))
     return failure();

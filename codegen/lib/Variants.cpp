@@ -60,6 +60,7 @@ std::optional<KernelOp> parseOp(StringRef s) {
       .Case("backward", KernelOp::Backward)
       .Case("fused", KernelOp::Fused)
       .Case("shard_stats", KernelOp::ShardStats)
+      .Case("rescale", KernelOp::Rescale)
       .Default(std::nullopt);
 }
 
@@ -114,6 +115,12 @@ std::optional<WeightsKind> parseWeights(StringRef s) {
 /// Why `key` names no kernel, or an empty string. Shared by the lists (which
 /// skip such combinations) and --variant (which reports them).
 std::string whyNotAKernel(const KernelVariantKey &key) {
+  if (key.op == KernelOp::Rescale)
+    return key.isCanonical()
+               ? ""
+               : "op=rescale has labels=i64, label_smoothing=off, "
+                 "z_loss=off, overwrite=1, weights=token (it reads no "
+                 "labels and rescales in place)";
   bool gradient = key.op == KernelOp::Backward || key.op == KernelOp::Fused;
   if (key.overwrite && !gradient)
     return "overwrite=1 needs op=backward or fused";
@@ -178,8 +185,9 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
   std::vector<bool> smoothingList, zList, overwriteList;
   std::vector<WeightsKind> weightsList;
   if (failed(parseEach<KernelOp>(
-          pickList(options.ops, {"forward", "backward", "fused", "shard_stats"}),
-          {"forward"}, "op", "forward, backward, fused or shard_stats",
+          pickList(options.ops,
+                   {"forward", "backward", "fused", "shard_stats", "rescale"}),
+          {"forward"}, "op", "forward, backward, fused, shard_stats or rescale",
           parseOp, opList, error)) ||
       failed(parseEach<ElemType>(pickList(options.logits, {"bf16", "f16", "f32"}),
                                  {"bf16"}, "logits", "bf16, f16 or f32",
@@ -240,6 +248,9 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
                                     overwrite;
                     key.weights =
                         op == KernelOp::Fused ? weights : WeightsKind::None;
+                    // A rescale varies only in dtype and layout.
+                    if (op == KernelOp::Rescale)
+                      key.canonicalRescale();
                     if (!whyNotAKernel(key).empty())
                       continue;
                     if (seen.insert(key.str()).second)

@@ -330,5 +330,16 @@ LogicalResult ShardStatsOp::verify() {
       {{"stats", getStats()}, {"status", getStatus()}});
 }
 
+LogicalResult RescaleOp::verify() {
+  CrossEntropyVerifier verifier(*this, getLayout());
+  if (failed(verifier.verifyLogits(getGrad())) ||
+      failed(verifier.verifyTokenOperand({"weights", getWeights()})) ||
+      failed(verifier.verifyTokenOperand({"grad_loss", getGradLoss()})))
+    return failure();
+  // The weights and the upstream gradient are only read: they may be one
+  // buffer (every row is then left alone).
+  return success();
+}
+
 #define GET_OP_CLASSES
 #include "ce/Dialect/CE/IR/CEOps.cpp.inc"

@@ -53,6 +53,29 @@ struct TokenLoopLowering : OpConversionPattern<OpT> {
   unsigned unroll;
 };
 
+/// ce.rescale -> a loop nest over tokens, each row scaled in place.
+struct RescaleLoopLowering : OpConversionPattern<RescaleOp> {
+  RescaleLoopLowering(MLIRContext *context, unsigned vectorWidth,
+                      unsigned unroll)
+      : OpConversionPattern<RescaleOp>(context), vectorWidth(vectorWidth),
+        unroll(unroll) {}
+
+  LogicalResult
+  matchAndRewrite(RescaleOp op, OpAdaptor,
+                  ConversionPatternRewriter &rewriter) const override {
+    ImplicitLocOpBuilder b(op.getLoc(), rewriter);
+    RowLoopBuilder rows(b, vectorWidth, unroll);
+    buildTokenLoops(b, op.getLayout(), op.getGrad(), [&](const Token &t) {
+      lowerRescaleToken(b, rows, op, t);
+    });
+    rewriter.eraseOp(op);
+    return success();
+  }
+
+  unsigned vectorWidth;
+  unsigned unroll;
+};
+
 struct CELowerToLoopsPass
     : mlir::ce::impl::CELowerToLoopsBase<CELowerToLoopsPass> {
   using Base::Base;
@@ -79,8 +102,8 @@ struct CELowerToLoopsPass
                            vector::VectorDialect>();
     RewritePatternSet patterns(context);
     patterns.add<TokenLoopLowering<ForwardOp>, TokenLoopLowering<BackwardOp>,
-                 TokenLoopLowering<FusedOp>, TokenLoopLowering<ShardStatsOp>>(
-        context, vectorWidth, unroll);
+                 TokenLoopLowering<FusedOp>, TokenLoopLowering<ShardStatsOp>,
+                 RescaleLoopLowering>(context, vectorWidth, unroll);
     if (failed(applyPartialConversion(getOperation(), target,
                                       std::move(patterns))))
       signalPassFailure();

@@ -55,7 +55,7 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
       return signalPassFailure();
     SmallVector<Operation *> ceOps;
     getOperation().walk([&](Operation *op) {
-      if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(op))
+      if (isa<ForwardOp, BackwardOp, FusedOp, ShardStatsOp, RescaleOp>(op))
         ceOps.push_back(op);
     });
     for (Operation *op : ceOps)
@@ -139,9 +139,10 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     MLIRContext *context = &getContext();
     auto workgroupSpace = gpu::AddressSpaceAttr::get(
         context, gpu::AddressSpace::Workgroup);
-    // Slots for the subgroups' partial states; a one-subgroup row needs none.
+    // Slots for the subgroups' partial states; a one-subgroup row needs none,
+    // nor does a rescale, which reduces nothing.
     Value scratch;
-    if (numSubgroups > 1) {
+    if (numSubgroups > 1 && !isa<RescaleOp>(op)) {
       auto scratchType = MemRefType::get(
           {3 * static_cast<int64_t>(numSubgroups)}, Float32Type::get(context),
           MemRefLayoutAttrInterface(), workgroupSpace);
@@ -183,7 +184,14 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     };
     llvm::TypeSwitch<Operation *>(op)
         .Case<ForwardOp, BackwardOp, FusedOp, ShardStatsOp>(
-            [&](auto ceOp) { lower(ceOp); });
+            [&](auto ceOp) { lower(ceOp); })
+        .Case<RescaleOp>([&](RescaleOp rescale) {
+          RowLoopBuilder rows(b, lanesPer16Bytes(rescale.getGrad()), unroll,
+                              threads);
+          lowerRescaleToken(
+              b, rows, rescale,
+              tokenOfBlock(b, rescale.getLayout(), rescale.getGrad(), blockId));
+        });
     rewriter.eraseOp(op);
     return success();
   }

@@ -120,6 +120,10 @@ public:
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
 
+  /// Multiplies every element of the row by `scale` (f32) in place, each
+  /// element rounded once to the row's type.
+  void buildScaleSweep(const RowRef &row, Value vocab, Value scale);
+
   /// Loads `row[index]` widened to f32.
   Value loadElement(const RowRef &row, Value index);
   /// Rounds `value` to the row's element type once and stores it.

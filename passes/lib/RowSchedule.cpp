@@ -364,3 +364,30 @@ void RowLoopBuilder::buildFill(const RowRef &grad, Value vocab, Value value) {
                      return {};
                    });
 }
+
+void RowLoopBuilder::buildScaleSweep(const RowRef &row, Value vocab,
+                                     Value scale) {
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  Value splat = vector::BroadcastOp::create(b, vectorType, scale);
+  RowRange range = rangeOf(row, vocab);
+  buildVectorLoops(
+      range, {},
+      [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+          ValueRange) -> SmallVector<Value> {
+        // Load the whole step first so the loads are in flight together.
+        SmallVector<Value, 8> xs;
+        for (Value offset : offsets)
+          xs.push_back(widen(loadRawVector(row, offset)));
+        for (auto [k, x] : llvm::enumerate(xs))
+          buildIfValid(valid, k, [&] {
+            storeVector(row, offsets[k], arith::MulFOp::create(b, x, splat));
+          });
+        return {};
+      });
+  buildScalarLoops(range, vocab, {},
+                   [&](Value j, ValueRange) -> SmallVector<Value> {
+                     Value x = loadElement(row, j);
+                     storeElement(row, j, arith::MulFOp::create(b, x, scale));
+                     return {};
+                   });
+}

@@ -314,6 +314,23 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
   return {label, lse, logProb};
 }
 
+void lowerRescaleToken(ImplicitLocOpBuilder &b, RowLoopBuilder &rows,
+                       RescaleOp op, const Token &t) {
+  Value g = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
+  Value w = memref::LoadOp::create(b, op.getWeights(), t.indices);
+  // Unordered inequality: a NaN g rescales (the row becomes NaN).
+  Value differs = arith::CmpFOp::create(b, arith::CmpFPredicate::UNE, g, w);
+  Value masked = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, g,
+                                       rows.f32(0.0f));
+  Value ratio = arith::SelectOp::create(
+      b, masked, rows.f32(0.0f), arith::DivFOp::create(b, g, w));
+  auto type = cast<MemRefType>(op.getGrad().getType());
+  Value vocab = memref::DimOp::create(b, op.getGrad(), type.getRank() - 1);
+  buildIf(b, differs, [&] {
+    rows.buildScaleSweep(RowRef{op.getGrad(), t.rowPrefix}, vocab, ratio);
+  });
+}
+
 /// The token of [S, B, V] row (s, b): its indices and linear index in the
 /// layout's token shape. `rowIndex` is s * B + b when the caller has it.
 static Token tokenOfRow(ImplicitLocOpBuilder &b, Layout layout, Value s,

@@ -184,6 +184,12 @@ public:
 };
 
 
+/// ce.rescale for one token: the row is scaled by g/w (0 where g == 0)
+/// unless its upstream gradient g equals its weight w. Uniform per row, so
+/// a workgroup takes the branch together.
+void lowerRescaleToken(ImplicitLocOpBuilder &b, RowLoopBuilder &rows,
+                       RescaleOp op, const Token &t);
+
 /// Builds the loops over all tokens of `logits` and calls `body` in the
 /// innermost one (the host's token mapping).
 void buildTokenLoops(ImplicitLocOpBuilder &b, Layout layout, Value logits,

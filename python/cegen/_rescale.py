@@ -13,20 +13,30 @@ captures it:
   for a lazy :class:`~cegen._gradient_status.ZeroWeightGradientError`
   (``cegen._gradient_status``): a wrong gradient is never returned silently.
 
-Cost: the ratio takes a few kernels over the ``N`` tokens, and the multiply one pass that
-reads and writes the ``N x V`` gradient, also when every ratio is 1: with PyTorch's
-operations alone the host cannot skip rows without reading the ratios back (a sync). A
-device kernel that reads ``g_t`` and ``w_t`` per row and returns at once when they are
-equal would make the common case cost one read of ``2N`` floats (docs/megatron.md,
-"The fused gradient in training"). Callers that know ``g`` is ``w`` (the same tensor)
-skip the call entirely (:func:`upstream_is_weights`).
+Cost: the work is done by cegen's own ``rescale`` kernel (``ce_rescale``, the dialect's
+``ce.rescale``) where the bundles have it: one workgroup per row reads ``g_t`` and ``w_t``
+and returns at once when they are equal, so a correct prediction costs one read of ``2N``
+floats, and a row that differs is read and written once. Without that kernel (a bundle
+made before it, a runtime without ``ce_rescale``) the same arithmetic runs as PyTorch
+operations: the ratio takes a few kernels over the ``N`` tokens and the multiply one pass
+that reads and writes the whole ``N x V`` gradient, also where every ratio is 1 (logged
+once). Callers that know ``g`` is ``w`` (the same tensor) skip the call entirely
+(:func:`upstream_is_weights`).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+from typing import Any, Dict, Optional, Tuple
+
 import torch
 
 from . import _gradient_status
+from ._log_once import LogOnce
+from ._variant import rescale_key
+
+_fallbacks = LogOnce(logging.getLogger("cegen"))
 
 __all__ = ["rescale_fused_gradient", "upstream_is_weights"]
 
@@ -58,6 +68,66 @@ def rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss:
     """
     g = grad_loss if grad_loss.dtype == torch.float32 else grad_loss.float()
     w = weights if weights.dtype == torch.float32 else weights.float()
+    if not _rescale_with_kernel(grad, w, g, label_layout):
+        _rescale_with_torch(grad, w, g, label_layout)
+    _gradient_status.record((w == 0) & (g != 0))  # on the CPU this may raise: rows first
+
+
+# (dtype, ndim, label_layout, device) -> (bundle, ce_options) of the rescale kernel, or None
+# where none is available (then PyTorch's operations do it).
+_kernels_found: Dict[Tuple[Any, ...], Optional[Tuple[Any, Any]]] = {}
+_kernels_lock = threading.Lock()
+
+
+def _rescale_kernel(grad: torch.Tensor, label_layout: str) -> Optional[Tuple[Any, Any]]:
+    from . import _bundle_cache, _kernels
+    from ._runtime import LabelLayout, get_runtime
+
+    where = (grad.dtype, grad.dim(), label_layout, grad.device, _bundle_cache.generation)
+    if where in _kernels_found:
+        return _kernels_found[where]
+    found: Optional[Tuple[Any, Any]] = None
+    try:
+        runtime = get_runtime()
+        if not runtime.has_rescale():
+            raise RuntimeError(f"the runtime library {runtime.path} has no ce_rescale")
+        key = rescale_key(_kernels._LOGITS_DTYPES[grad.dtype][0],
+                          _kernels.variant_layout(grad.dim(), label_layout))
+        bundle = _bundle_cache.bundle_for(key, None, _kernels.device_target(grad.device))
+        options = runtime.default_options()
+        options.label_layout = LabelLayout.BS if label_layout == "bs" else LabelLayout.SB
+        found = (bundle, options)
+    except Exception as error:  # no kernel: the PyTorch path computes the same rows
+        _fallbacks.warn(
+            "cegen: the fused gradient's correction runs as PyTorch operations (a full "
+            "pass over the gradient): %s",
+            f"no rescale kernel for {grad.dtype} gradients, labels {label_layout}, on "
+            f"{grad.device}: {error}")
+    with _kernels_lock:
+        _kernels_found[where] = found
+    return found
+
+
+def _rescale_with_kernel(grad: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
+                         label_layout: str) -> bool:
+    """``ce_rescale`` on ``grad`` in place; False when no rescale kernel is available."""
+    from . import _kernels
+    from ._runtime import get_runtime
+
+    if grad.numel() == 0:
+        return True
+    found = _rescale_kernel(grad, label_layout)
+    if found is None:
+        return False
+    bundle, options = found
+    get_runtime().rescale(bundle, options, _kernels.describe(grad, "grad"),
+                          _kernels.describe(w, "grad_weights"),
+                          _kernels.describe(g, "grad_loss"), _kernels._stream(grad.device))
+    return True
+
+
+def _rescale_with_torch(grad: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
+                        label_layout: str) -> None:
     nonzero = g != 0
     ratio = torch.where(nonzero, g / w, 0.0)
     if grad.dtype == torch.bfloat16:
@@ -66,4 +136,3 @@ def rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss:
         # has float32's range; the ratio's rounding (2^-9 relative) adds to the row's.
         ratio = ratio.to(torch.bfloat16)
     grad.mul_(_per_token_column(ratio, grad.dim(), label_layout))
-    _gradient_status.record((w == 0) & nonzero)  # on the CPU this may raise: rows first

@@ -183,6 +183,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ce_fused.restype = status
     lib.ce_shard_stats.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 3 + [ctypes.c_void_p]
     lib.ce_shard_stats.restype = status
+    if hasattr(lib, "ce_rescale"):  # a runtime older than the rescale kernel lacks it
+        lib.ce_rescale.argtypes = [handle, _OptionsPtr] + [_TensorPtr] * 3 + [ctypes.c_void_p]
+        lib.ce_rescale.restype = status
     lib.ce_check_label_status.argtypes = [ctypes.c_int, ctypes.c_int32, ctypes.c_void_p,
                                           ctypes.c_int32]
     lib.ce_check_label_status.restype = status
@@ -320,6 +323,26 @@ class Runtime:
             bundle.handle, ctypes.byref(options), _ref(logits), _ref(labels), _ref(stats), stream,
         )
         self.check(status, "cegen shard statistics")
+
+    def has_rescale(self) -> bool:
+        """Whether this runtime library exports ``ce_rescale``."""
+        return hasattr(self._lib, "ce_rescale")
+
+    def rescale(
+        self,
+        bundle: "Bundle",
+        options: Options,
+        grad: TensorDesc,
+        weights: TensorDesc,
+        grad_loss: TensorDesc,
+        stream: Optional[int] = None,
+    ) -> None:
+        """``ce_rescale``: the fused gradient's rows made those of ``grad_loss``, in place."""
+        status = self._lib.ce_rescale(
+            bundle.handle, ctypes.byref(options), _ref(grad), _ref(weights), _ref(grad_loss),
+            stream,
+        )
+        self.check(status, "cegen fused-gradient rescale")
 
     def check_label_status(self, device: int, device_index: int, stream: Optional[int],
                            wait: bool) -> None:

@@ -18,9 +18,9 @@ from typing import List
 
 from . import _validate
 
-__all__ = ["VariantKey", "format_f32", "to_f32"]
+__all__ = ["VariantKey", "format_f32", "rescale_key", "to_f32"]
 
-OPS = ("forward", "backward", "fused", "shard_stats")
+OPS = ("forward", "backward", "fused", "shard_stats", "rescale")
 LOGITS_TYPES = ("bf16", "f16", "f32")
 LABEL_TYPES = ("i32", "i64")
 LAYOUTS = ("flat", "sbv_bs", "sbv_sb")
@@ -67,6 +67,14 @@ class VariantKey:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"variant key field {name}={value!r}: expected one of {allowed}")
+        if self.op == "rescale":
+            if (self.labels, self.label_smoothing, self.z_loss, self.overwrite,
+                    self.weights) != ("i64", False, False, True, "token"):
+                raise ValueError(
+                    "variant key: op='rescale' has labels=i64, label_smoothing=off, "
+                    "z_loss=off, overwrite=1, weights=token (it reads no labels and "
+                    f"rescales in place), got {self}")
+            return
         if (self.op == "fused") != (self.weights != "none"):
             raise ValueError(
                 f"variant key: weights={self.weights!r} does not fit op={self.op!r} "
@@ -90,6 +98,8 @@ class VariantKey:
         """This key, then the keys whose kernels serve it too, in the runtime's order
         (``findServingKernel``): a coefficient of 0 is also served by a kernel that
         computes smoothing or a z-loss anyway."""
+        if self.op == "rescale":
+            return [self]
         keys = []
         for extra_smoothing, extra_z in ((False, False), (True, False), (False, True),
                                          (True, True)):
@@ -109,3 +119,10 @@ class VariantKey:
         and every manifest spell it; ce-gen checks it with the same rules as its lists.
         """
         return [f"--variant={self}"]
+
+
+def rescale_key(logits: str, layout: str) -> VariantKey:
+    """The key of the fused gradient's correction kernel (``ce_rescale``): it varies only in
+    the gradient's dtype and the layout; its other fields have one canonical value."""
+    return VariantKey(op="rescale", logits=logits, labels="i64", layout=layout,
+                      overwrite=True, weights="token")

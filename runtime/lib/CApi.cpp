@@ -191,6 +191,19 @@ CE_EXPORT ce_status ce_shard_stats(ce_bundle *bundle,
   return runOp("ce_shard_stats", bundle, request);
 }
 
+CE_EXPORT ce_status ce_rescale(ce_bundle *bundle, const ce_options *options,
+                               const ce_tensor *grad, const ce_tensor *weights,
+                               const ce_tensor *grad_loss, void *stream) {
+  ce::LaunchRequest request;
+  request.op = ce::KernelOp::Rescale;
+  request.options = options;
+  request.logits = grad; // it takes the logits' place (Validation.cpp)
+  request.weights = weights;
+  request.gradLoss = grad_loss;
+  request.stream = stream;
+  return runOp("ce_rescale", bundle, request);
+}
+
 CE_EXPORT ce_status ce_check_label_status(ce_device_type device,
                                           int32_t device_index, void *stream,
                                           int32_t wait) {

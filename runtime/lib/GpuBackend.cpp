@@ -41,6 +41,8 @@ const char *functionName(KernelOp op) {
     return "ce_fused";
   case KernelOp::ShardStats:
     return "ce_shard_stats";
+  case KernelOp::Rescale:
+    return "ce_rescale";
   }
   return "?";
 }

@@ -57,7 +57,7 @@ void *fillDescriptor(AnyMemRef &storage, const ce_tensor &tensor) {
 }
 
 /// Tensors per kernel: 4 (shard_stats) to 7 (fused with a gradient).
-constexpr size_t kMinTensors = 4;
+constexpr size_t kMinTensors = 3; // rescale: grad, weights, grad_loss
 constexpr size_t kMaxTensors = 7;
 constexpr size_t kNumValues = std::size(kValueRoles);
 
@@ -84,6 +84,8 @@ void callWithPointers(void *entry, const std::array<void *, kMaxTensors> &args,
 void callEntry(void *entry, const std::array<void *, kMaxTensors> &args,
                size_t tensors, const KernelValues &values) {
   switch (tensors) {
+  case 3:
+    return callWithPointers(entry, args, values, std::make_index_sequence<3>());
   case 4:
     return callWithPointers(entry, args, values, std::make_index_sequence<4>());
   case 5:
@@ -107,7 +109,7 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the host ABI has 4 to 7 tensors "
+                             " arguments; the host ABI has 3 to 7 tensors "
                              "and " + std::to_string(kNumValues) + " values");
   std::array<AnyMemRef, kMaxTensors> storage;
   std::array<void *, kMaxTensors> pointers{};

@@ -27,6 +27,8 @@ const char *poisoned(KernelOp op) {
     return "that token's loss and gradient row are NaN";
   case KernelOp::ShardStats:
     return "that token's target statistic (so its combined loss) is NaN";
+  case KernelOp::Rescale:
+    return ""; // reads no labels
   }
   return "";
 }

@@ -58,7 +58,8 @@ const KernelInfo *findServingKernel(const Bundle &bundle,
     KernelVariantKey candidate = variant;
     candidate.smoothing |= (extra & 1) != 0;
     candidate.zLoss |= (extra & 2) != 0;
-    if (candidate.zLoss && candidate.op == KernelOp::ShardStats)
+    if ((candidate.zLoss && candidate.op == KernelOp::ShardStats) ||
+        (extra != 0 && candidate.op == KernelOp::Rescale))
       continue;
     if (const KernelInfo *info =
             bundle.findKernel(target, candidate.str(), plan.vocabSize))

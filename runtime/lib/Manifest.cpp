@@ -340,7 +340,9 @@ Status ManifestReader::readKernel(const json::Value &value,
                               " kernel cannot overwrite");
   if (op == KernelOp::ShardStats && kernel.variant.zLoss)
     return errorAt(value, name + ": a shard_stats kernel has no z-loss");
-  bool fused = kernel.variant.op == KernelOp::Fused;
+  // A rescale key is canonical (parseKernelVariantKey): it takes weights.
+  bool fused = kernel.variant.op == KernelOp::Fused ||
+               kernel.variant.op == KernelOp::Rescale;
   if (fused != (kernel.variant.weights != WeightsKind::None))
     return errorAt(value, name +
                               ": weights=" + stringify(kernel.variant.weights) +

@@ -302,9 +302,16 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   std::vector<NamedTensor> args = {
       {"logits", ArgRole::Logits, request.logits, overwrite},
       {"labels", ArgRole::Labels, request.labels, false}};
-  if (op == KernelOp::Fused)
+  // A rescale's gradient (passed as the request's logits) takes the logits'
+  // place: it decides the layout, the token shape and the vocabulary.
+  if (op == KernelOp::Rescale)
+    args = {{"grad", ArgRole::Grad, request.logits, true},
+            {"weights", ArgRole::Weights, request.weights, false},
+            {"grad_loss", ArgRole::GradLoss, request.gradLoss, false}};
+  else if (op == KernelOp::Fused)
     args.push_back({"weights", ArgRole::Weights, request.weights, false});
-  if (op == KernelOp::ShardStats) {
+  if (op == KernelOp::Rescale) {
+  } else if (op == KernelOp::ShardStats) {
     args.push_back({"stats", ArgRole::Stats, request.stats, true});
   } else if (op != KernelOp::Backward) {
     args.push_back({"loss", ArgRole::Loss, request.loss, true});
@@ -402,6 +409,8 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   plan.variant.smoothing = options.label_smoothing != 0.0f;
   plan.variant.zLoss = options.z_loss != 0.0f;
   plan.variant.overwrite = overwrite;
+  if (op == KernelOp::Rescale)
+    plan.variant.canonicalRescale();
 
   for (const NamedTensor &arg : args) {
     const ce_tensor &tensor = *arg.tensor;
@@ -501,7 +510,8 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     std::string why = arg.role == ArgRole::Logits
                           ? "with options->overwrite_input the logits are "
                             "written, so they"
-                          : "an output";
+                      : op == KernelOp::Rescale ? "the rescaled gradient"
+                                                : "an output";
     if (Status status = checkOutputLayout(arg, why); !status.isOk())
       return status;
     ByteRange outputRange;

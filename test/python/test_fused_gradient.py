@@ -109,6 +109,43 @@ class TestRescaleOnDevice(unittest.TestCase):
 
 
 @S.requires_kernels
+class TestRescaleKernel(unittest.TestCase):
+    """The correction is cegen's rescale kernel (ce_rescale), not PyTorch's operations,
+    wherever a bundle has it; without one the PyTorch path gives the same gradient."""
+
+    def run_case(self, offset: int, layout: str, shape, dtype):  # type: ignore[no-untyped-def]
+        logits = S.random_logits(shape, dtype, offset=offset)
+        tokens = _kernels.token_shape(shape, layout)
+        labels = S.random_labels(tokens, shape[-1], offset=offset + 1)
+        weights = torch.rand(tokens, generator=S.generator(offset + 2)) + 0.5
+        g = torch.rand(tokens, generator=S.generator(offset + 3)) + 0.25
+        pick = torch.rand(tokens, generator=S.generator(offset + 4))
+        upstream = torch.where(pick < 0.5, weights, g).transpose(0, -1).contiguous() \
+            .transpose(0, -1)  # strided when 2-D: any strides are the kernel's
+        _, grad = fused(logits, labels, weights, upstream, label_layout=layout)
+        _, ref_grad = S.reference(logits, labels, grad_loss=upstream, label_layout=layout)
+        S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[dtype], "gradient")
+
+    def test_kernel_does_the_rows(self) -> None:
+        def no_torch(*args):  # type: ignore[no-untyped-def]
+            raise AssertionError("the PyTorch fallback ran; the rescale kernel should have")
+
+        with mock.patch.object(_rescale, "_rescale_with_torch", no_torch):
+            for index, (shape, layout, dtype) in enumerate(
+                    [((33, 517), "bs", torch.bfloat16), ((5, 6, 130), "bs", torch.float32),
+                     ((4, 7, 64), "sb", torch.float16)]):
+                with self.subTest(shape=shape, layout=layout, dtype=dtype):
+                    self.run_case(300 + 10 * index, layout, shape, dtype)
+
+    def test_fallback_without_a_kernel(self) -> None:
+        with mock.patch.object(_rescale, "_rescale_kernel", lambda grad, layout: None), \
+                mock.patch.object(_rescale, "_rescale_with_torch",
+                                  wraps=_rescale._rescale_with_torch) as torch_path:
+            self.run_case(400, "bs", (6, 3, 211), torch.bfloat16)
+            self.assertEqual(torch_path.call_count, 1)
+
+
+@S.requires_kernels
 class TestZeroWeight(unittest.TestCase):
     """A token with weight 0 and upstream gradient != 0: NaN row, one report."""
 

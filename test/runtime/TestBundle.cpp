@@ -48,8 +48,14 @@ canonicalArgs(const KernelVariantKey &key) {
     if (!key.overwrite)
       args.push_back({"grad", tokenRank + 1, logits});
     break;
+  case KernelOp::Rescale:
+    args = {{"grad", tokenRank + 1, logits},
+            {"weights", tokenRank, "f32"},
+            {"grad_loss", tokenRank, "f32"}};
+    break;
   }
-  args.push_back({"status", 1, "i64"});
+  if (key.op != KernelOp::Rescale) // the one kernel without a status word
+    args.push_back({"status", 1, "i64"});
   for (const char *role : {"flags", "ignore_index"})
     args.push_back({role, 0, "i64"});
   for (const char *role : {"label_smoothing", "z_loss"})

@@ -81,6 +81,9 @@ struct Call {
     case KernelOp::ShardStats:
       return ce_shard_stats(bundle, &options, pLogits, pLabels, pStats,
                             nullptr);
+    case KernelOp::Rescale:
+      return ce_rescale(bundle, &options, pLogits, pWeights, pGradLoss,
+                        nullptr);
     }
     return CE_OK;
   }

@@ -65,7 +65,7 @@ cl::opt<bool> printTuning(
 
 // Variant options: comma lists whose cartesian product is emitted.
 using VariantList = cl::list<std::string>;
-VariantList ops("op", cl::desc("forward (default), backward, fused, shard_stats"),
+VariantList ops("op", cl::desc("forward (default), backward, fused, shard_stats, rescale"),
                 cl::CommaSeparated, cl::cat(category));
 VariantList logitsTypes("logits", cl::desc("bf16 (default), f16, f32"),
                         cl::CommaSeparated, cl::cat(category));

@@ -157,6 +157,9 @@ inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
               ArgRole::Loss,   ArgRole::Lse,    ArgRole::Status};
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
             ArgRole::Lse,    ArgRole::Grad,   ArgRole::Status};
+  case KernelOp::Rescale:
+    // The gradient is read and written in place; no labels, no status.
+    return {ArgRole::Grad, ArgRole::Weights, ArgRole::GradLoss};
   }
   return {};
 }

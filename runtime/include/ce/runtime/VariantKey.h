@@ -17,7 +17,10 @@
 
 namespace ce {
 
-enum class KernelOp { Forward, Backward, Fused, ShardStats };
+/// Rescale is the fused gradient's correction: rows of a fused kernel's
+/// gradient `w_t * dloss_t/dx` become `g_t * dloss_t/dx` in place, and rows
+/// whose upstream gradient equals the weight are not touched.
+enum class KernelOp { Forward, Backward, Fused, ShardStats, Rescale };
 enum class ElemType { BF16, F16, F32, I32, I64 };
 enum class LabelLayout { Flat, SbvBs, SbvSb };
 /// A fused kernel's gradient weights are per-token (a scalar weight is a
@@ -34,6 +37,8 @@ inline const char *stringify(KernelOp op) {
     return "fused";
   case KernelOp::ShardStats:
     return "shard_stats";
+  case KernelOp::Rescale:
+    return "rescale";
   }
   return "?";
 }
@@ -114,6 +119,9 @@ enum KernelFlag : int64_t {
 };
 
 /// Everything that selects one compiled kernel (bundle format version 3).
+/// A rescale kernel reads no labels and computes no loss: only its logits
+/// (the gradient's) dtype and layout vary, and its other fields have one
+/// canonical value (canonicalRescale()).
 /// Shapes, strides and option values (ignore_index, the smoothing and z-loss
 /// coefficients, a shard's bounds and how it smooths) are run-time
 /// arguments, not part of the key; the key says only whether smoothing and
@@ -129,6 +137,23 @@ struct KernelVariantKey {
   bool zLoss = false;
   bool overwrite = false;
   WeightsKind weights = WeightsKind::None;
+
+  /// The fields a rescale key does not vary, at their one value: labels i64,
+  /// no smoothing or z-loss, in place (overwrite 1), per-token weights.
+  KernelVariantKey &canonicalRescale() {
+    labels = ElemType::I64;
+    smoothing = false;
+    zLoss = false;
+    overwrite = true;
+    weights = WeightsKind::Token;
+    return *this;
+  }
+  bool isCanonical() const {
+    if (op != KernelOp::Rescale)
+      return true;
+    KernelVariantKey canonical = *this;
+    return canonical.canonicalRescale().str() == str();
+  }
 
   std::string str() const {
     std::string key = "op=";
@@ -198,7 +223,7 @@ parseKernelVariantKey(std::string_view text) {
     return value == on || value == off;
   };
   if (!pick(values[0], key.op, KernelOp::Forward, KernelOp::Backward,
-            KernelOp::Fused, KernelOp::ShardStats) ||
+            KernelOp::Fused, KernelOp::ShardStats, KernelOp::Rescale) ||
       !pick(values[1], key.logits, ElemType::BF16, ElemType::F16,
             ElemType::F32) ||
       !pick(values[2], key.labels, ElemType::I32, ElemType::I64) ||
@@ -207,7 +232,8 @@ parseKernelVariantKey(std::string_view text) {
       !onOff(values[4], key.smoothing, "on", "off") ||
       !onOff(values[5], key.zLoss, "on", "off") ||
       !onOff(values[6], key.overwrite, "1", "0") ||
-      !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Token))
+      !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Token) ||
+      !key.isCanonical())
     return std::nullopt;
   return key;
 }

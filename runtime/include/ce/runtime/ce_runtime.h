@@ -146,6 +146,19 @@ ce_status ce_fused(ce_bundle *bundle, const ce_options *options,
                    const ce_tensor *weights, const ce_tensor *loss,
                    const ce_tensor *lse, const ce_tensor *grad, void *stream);
 
+/* The fused gradient made that of the upstream gradient autograd delivered,
+ * in place and without a host synchronization: `grad` (what ce_fused wrote
+ * with `weights`, the logits' storage under overwrite_input) has each row t
+ * multiplied by grad_loss[t] / weights[t] (0 where grad_loss[t] is 0), and
+ * rows where grad_loss[t] == weights[t] are not touched, so a correct
+ * prediction costs one read of two floats per token. A token of weight 0
+ * whose grad_loss is not 0 gets a NaN row (ce_fused never computed it).
+ * `weights` (ndim 0, or the labels' shape) and `grad_loss` (the labels'
+ * shape, any strides) are f32. Of `options` only label_layout is read. */
+ce_status ce_rescale(ce_bundle *bundle, const ce_options *options,
+                     const ce_tensor *grad, const ce_tensor *weights,
+                     const ce_tensor *grad_loss, void *stream);
+
 /* The partial statistics of a vocabulary slice (options->shard_vocab > 0,
  * options->z_loss 0): `stats` is f32 with the labels' shape followed by 4
  * (any strides): per token the slice's max m, sum_j exp(x_j - m) - 1, the

@@ -16,13 +16,16 @@ def CE_Dialect : Dialect {
   let summary = "Softmax cross-entropy reductions for language-model training";
   let description = [{
     The `ce` dialect states *what* a softmax cross-entropy computes, on
-    buffers (memrefs), and leaves *how* to the lowering passes. It has three
+    buffers (memrefs), and leaves *how* to the lowering passes. It has five
     operations: `ce.forward` (per-token loss and log-sum-exp),
     `ce.backward` (the gradient from a stored log-sum-exp and an upstream
-    per-token gradient) and `ce.fused` (both in one sweep, when the gradient
-    weights are known when the forward runs).
+    per-token gradient), `ce.fused` (both in one sweep, when the gradient
+    weights are known when the forward runs), `ce.shard_stats` (the partial
+    statistics of a tensor-parallel vocabulary slice) and `ce.rescale` (the
+    fused gradient corrected in place where the delivered upstream gradient
+    differs from the weights the fused op was given).
 
-    Every operation carries the same configuration: the label layout, an
+    Every cross-entropy operation carries the same configuration: the label layout, an
     optional `ignore_index`, label smoothing (Megatron's formula), a z-loss
     coefficient and an optional tensor-parallel vocabulary shard. Shapes may
     be dynamic; the vocabulary dimension of the logits must have unit stride.

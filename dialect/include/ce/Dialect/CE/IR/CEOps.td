@@ -233,4 +233,48 @@ def CE_ShardStatsOp : CE_CrossEntropyOp<"shard_stats"> {
     " attr-dict `:` type($logits) `,` type($labels) `into` type($stats)");
 }
 
+//===----------------------------------------------------------------------===//
+// RescaleOp
+//===----------------------------------------------------------------------===//
+
+def CE_RescaleOp : CE_Op<"rescale"> {
+  let summary = "The fused gradient made that of the delivered upstream gradient";
+  let description = [{
+    `ce.fused` writes `w_t * dloss_t/dx` for the per-token weights `w` it was
+    promised; autograd later delivers the real upstream gradient `g`. For each
+    token, with `g_t = grad_loss[t]` and `w_t = weights[t]`:
+
+    - `g_t == w_t`: the row is left alone (not read, not written), so the
+      common case, a correct prediction, costs one read of two floats per
+      token;
+    - otherwise every element `d` of the row becomes `d * r` with `r = 0` when
+      `g_t == 0` (a masked token) and `r = g_t / w_t` else. A token whose
+      weight was 0 and whose `g_t` is not has a row of zeros times an
+      infinite ratio: NaN, never a silently wrong gradient (the caller can
+      report it without reading the row). A NaN `g_t` makes the row NaN.
+
+    `grad` is the gradient `ce.fused` wrote (the logits' storage under
+    overwrite), read and written in place; `layout` places the per-token
+    values as for the other ops (`[N]`, `[B, S]` or `[S, B]`).
+
+    Example:
+
+    ```mlir
+    ce.rescale %grad, %w, %dloss layout = sbv_bs
+        : memref<?x?x?xbf16>, memref<?x?xf32>, memref<?x?xf32>
+    ```
+  }];
+  let arguments = (ins
+    Arg<CE_LogitsMemRef, "fused gradient, rescaled in place",
+        [MemRead, MemWrite]>:$grad,
+    Arg<CE_TokenMemRef, "the weights the fused op was given", [MemRead]>:$weights,
+    Arg<CE_TokenMemRef, "delivered upstream per-token gradient",
+        [MemRead]>:$grad_loss,
+    CE_LayoutAttr:$layout);
+  let assemblyFormat =
+      "$grad `,` $weights `,` $grad_loss `layout` `=` custom<Layout>($layout) "
+      "attr-dict `:` type($grad) `,` type($weights) `,` type($grad_loss)";
+  let hasVerifier = 1;
+}
+
 #endif // CE_DIALECT_CE_IR_CEOPS_TD
