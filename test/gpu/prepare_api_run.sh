@@ -2,7 +2,7 @@
 # Builds, on this machine (which has ce-gen), what test/gpu/test_graphs_compile.py and
 # bench/api_bench.py need on a GPU machine without LLVM, under .dev/ (git-ignored):
 #   .dev/lib/libce_runtime.so   the runtime (test/gpu/build_device_runtime.sh)
-#   .dev/api/bundles/api        sm_90 forward/backward/fused, bf16 logits, int64 labels,
+#   .dev/api/bundles/api        sm_90 forward/backward/fused and rescale, bf16 logits, int64 labels,
 #                               [N,V] and [S,B,V] (Megatron's), no smoothing or z-loss,
 #                               overwrite 0/1, per-token weights (a scalar weight is one of
 #                               stride 0; ignore_index is a run-time argument since bundle
@@ -25,7 +25,7 @@ test/gpu/build_device_runtime.sh .dev/lib
 rm -rf .dev/api/bundles
 mkdir -p .dev/api/bundles
 common=(--target=sm_90 --logits=bf16 --labels=i64 --label-smoothing=off --z-loss=off)
-"$CE_GEN" "${common[@]}" -o .dev/api/bundles/api --op=forward,backward,fused \
+"$CE_GEN" "${common[@]}" -o .dev/api/bundles/api --op=forward,backward,fused,rescale \
   --layout=flat,sbv_bs --overwrite=0,1 --weights=token
 "$CE_GEN" "${common[@]}" -o .dev/api/bundles/shard --op=shard_stats --layout=flat
 if [ ! -d .dev/peers ] && [ -d .dev/peers-amd/flash_attn ] && [ -d .dev/peers-amd/liger_kernel ]; then
