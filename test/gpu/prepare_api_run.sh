@@ -7,6 +7,7 @@
 #                               overwrite 0/1, per-token weights (a scalar weight is one of
 #                               stride 0; ignore_index is a run-time argument since bundle
 #                               format version 3)
+#   .dev/api/bundles/rescale    sm_90 rescale kernels, every logits dtype and layout
 #   .dev/api/bundles/shard      shard_stats of a vocabulary slice (a slice's bounds and how it
 #                               smooths are run-time arguments; its backward is api's backward,
 #                               which takes every slice)
@@ -28,6 +29,9 @@ common=(--target=sm_90 --logits=bf16 --labels=i64 --label-smoothing=off --z-loss
 "$CE_GEN" "${common[@]}" -o .dev/api/bundles/api --op=forward,backward,fused,rescale \
   --layout=flat,sbv_bs --overwrite=0,1 --weights=token
 "$CE_GEN" "${common[@]}" -o .dev/api/bundles/shard --op=shard_stats --layout=flat
+# Every rescale kernel (bench/rescale_bench.py's float64 checks of each dtype and layout).
+"$CE_GEN" --target=sm_90 -o .dev/api/bundles/rescale --op=rescale --logits=bf16,f16,f32 \
+  --layout=flat,sbv_bs,sbv_sb
 if [ ! -d .dev/peers ] && [ -d .dev/peers-amd/flash_attn ] && [ -d .dev/peers-amd/liger_kernel ]; then
   mkdir -p .dev/peers
   cp -r .dev/peers-amd/flash_attn .dev/peers-amd/liger_kernel .dev/peers/
