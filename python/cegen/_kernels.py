@@ -502,8 +502,10 @@ def _launch_plan(plan: _plans.Plan, what: str, poll: bool) -> None:
         _raw_stream(where[1]) if _raw_stream is not None else _stream_at(where))
     if poll:
         _gradient_status.poll(plan.device)
-        if plan.gpu:
-            plan.runtime.check_label_status(where[0], where[1], stream, wait=False)
+        if plan.gpu:  # Runtime.check_label_status(..., wait=False), called directly
+            status = plan.check_labels(where[0], where[1], stream, 0)
+            if status:
+                plan.runtime.check(status, "cegen label check")
     status = plan.entry(plan.bundle.handle, plan.options_address, *plan.addresses, stream)
     if status:
         plan.runtime.check(status, what)

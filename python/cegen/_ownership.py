@@ -35,7 +35,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from typing import Optional, Set
+from typing import Dict, Optional, Set, Tuple
 
 import torch
 
@@ -89,18 +89,34 @@ def _expected_storage_users() -> Optional[int]:
 _EXPECTED_STORAGE_USERS = _expected_storage_users()
 
 
+#: The ``_saved_*`` accessors of each autograd node type (PyTorch defines them on the
+#: type): ``dir(node)`` on every call was most of the ownership check's host time.
+_saved_accessors: Dict[type, Tuple[str, ...]] = {}
+
+
+def _saved_names(node: object) -> Tuple[str, ...]:
+    kind = type(node)
+    names = _saved_accessors.get(kind)
+    if names is None:
+        names = tuple(name for name in dir(kind) if name.startswith("_saved_"))
+        _saved_accessors[kind] = names
+    own = getattr(node, "__dict__", None)  # a Python node's own attributes, if any
+    if own:
+        names += tuple(name for name in own if name.startswith("_saved_") and name not in names)
+    return names
+
+
 def _producer_saved_logits(logits: torch.Tensor) -> Optional[str]:
     """The name of the producing autograd node when it saved the logits themselves."""
     node = logits.grad_fn
     if node is None:
         return None
     saved = []
-    for name in dir(node):
-        if name.startswith("_saved_"):
-            try:
-                saved.append(getattr(node, name))
-            except Exception:  # already freed, or not a tensor accessor
-                continue
+    for name in _saved_names(node):
+        try:
+            saved.append(getattr(node, name))
+        except Exception:  # already freed, or not a tensor accessor
+            continue
     saved.extend(getattr(node, "saved_tensors", ()) or ())  # custom autograd.Functions
     pointer = logits.data_ptr()
     for value in saved:

@@ -38,7 +38,8 @@ class Plan:
     addresses, passed as the entry point's ``void *`` arguments."""
 
     __slots__ = ("generation", "tokens", "device", "where", "gpu", "bundle", "runtime",
-                 "entry", "runtime_options", "options_address", "descs", "addresses")
+                 "entry", "check_labels", "runtime_options", "options_address", "descs",
+                 "addresses")
 
     def __init__(self, generation: int, tokens: Tuple[int, ...], device: Any,
                  where: Tuple[int, int]):
@@ -50,6 +51,7 @@ class Plan:
         self.bundle: Any = None  # None: no tokens, nothing to launch
         self.runtime: Any = None
         self.entry: Any = None
+        self.check_labels: Any = None
         self.runtime_options: Any = None
         self.options_address = 0
         self.descs: Tuple[Optional[TensorDesc], ...] = ()
@@ -62,6 +64,7 @@ class Plan:
         self.bundle = bundle
         self.runtime = bundle.runtime
         self.entry = entry_point(bundle.runtime, entry)
+        self.check_labels = bundle.runtime._lib.ce_check_label_status  # declared: ints
         self.runtime_options = runtime_options  # kept alive: the C call reads its address
         self.options_address = ctypes.addressof(runtime_options)
         self.descs = tuple(descs)

@@ -151,7 +151,7 @@ class _EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 options: KernelOptions, overwrite: bool) -> torch.Tensor:
-        loss, lse = _kernels.forward(logits, labels, options, checked=True)
+        loss, lse = _kernels.forward(logits, labels, options, True)
         ctx.save_for_backward(logits, labels, lse)
         ctx.options = options
         ctx.overwrite = overwrite
@@ -162,13 +162,11 @@ class _EagerCrossEntropy(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         logits, labels, lse = ctx.saved_tensors
         if ctx.overwrite:
-            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True,
-                              checked=True)
+            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, True, True)
             bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
             grad = logits.detach()
         else:
-            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options,
-                                     overwrite=False, checked=True)
+            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options, False, True)
         return grad, None, None, None
 
 
@@ -179,8 +177,7 @@ class _EagerFusedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 weights: torch.Tensor, options: KernelOptions, overwrite: bool) -> torch.Tensor:
-        loss, _, grad = _kernels.fused(logits, labels, weights, options, overwrite,
-                                       checked=True)
+        loss, _, grad = _kernels.fused(logits, labels, weights, options, overwrite, True)
         if overwrite:
             bump_version(logits)
             grad = logits.detach()
@@ -193,6 +190,38 @@ class _EagerFusedCrossEntropy(torch.autograd.Function):
     @_once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         return _fused_backward(ctx, grad_loss, _rescale.rescale_fused_gradient, 5)
+
+
+def _c_apply(function: Any, active: Any = None, unwrap: Any = None) -> Any:
+    """``function.apply`` without PyTorch's Python layer around the C++ one (since 2.0 a
+    classmethod that binds default arguments and unwraps functorch's dead wrappers, a few
+    microseconds of host time per call), for the eager Functions: their arguments are
+    (logits, labels, [weights,] options, overwrite), with no defaults to bind. The Python
+    apply still runs while functorch's transforms are active (``active`` and ``unwrap``:
+    PyTorch's probe and unwrapping function, given by tests)."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    descriptor = vars(base).get("apply") if base is not None else None
+    if active is None:
+        active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    if unwrap is None:
+        unwrap = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+    if descriptor is None or not hasattr(descriptor, "__get__") or active is None:
+        return function.apply
+    c_apply = descriptor.__get__(None, function)
+    python_apply = function.apply
+    if python_apply == c_apply:  # PyTorch < 2.0: apply is the C++ one
+        return python_apply
+    if unwrap is None:
+        return python_apply
+
+    def apply(logits: torch.Tensor, labels: torch.Tensor, *rest: Any) -> Any:
+        if active():
+            return python_apply(logits, labels, *rest)
+        if len(rest) == 3:  # the fused Function: weights, options, overwrite
+            rest = (unwrap(rest[0]),) + rest[1:]
+        return c_apply(unwrap(logits), unwrap(labels), *rest)
+
+    return apply
 
 
 def _checked_weights(grad_weights: GradWeights) -> Union[None, float, torch.Tensor]:
@@ -214,6 +243,10 @@ def _weights_tensor(grad_weights: Union[float, torch.Tensor], logits: torch.Tens
     # torch.full launches a fill: torch.tensor(value, device=cuda) would copy from the host
     # and synchronize the stream.
     return torch.full((), grad_weights, dtype=torch.float32, device=logits.device)
+
+
+_apply_eager = _c_apply(_EagerCrossEntropy)
+_apply_eager_fused = _c_apply(_EagerFusedCrossEntropy)
 
 
 def cross_entropy_vouched(
@@ -263,7 +296,8 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
         grad_weights = _checked_weights(grad_weights)
     needs_grad = logits.requires_grad and torch.is_grad_enabled() if isinstance(
         logits, torch.Tensor) else False
-    traced = _library.traced(logits)
+    # _library.traced without its torch.compile probe (the caller made it).
+    traced = type(logits) is not torch.Tensor or _library._dispatch_mode() is not None
     if overwrite_input or traced:
         # Checked before a refusal can warn (and before the custom ops, which check when
         # they run, for an eager error under a dispatch mode); otherwise the kernels check
@@ -276,9 +310,13 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
         if not needs_grad:
             return _kernels.forward(logits, labels, options, checked=True)[0]
         if grad_weights is not None:
-            weights = _weights_tensor(grad_weights, logits)
-            return _EagerFusedCrossEntropy.apply(logits, labels, weights, options, overwrite)
-        return _EagerCrossEntropy.apply(logits, labels, options, overwrite)
+            # A tensor that needs no gradient is passed as is (no detached alias): an
+            # upstream gradient that is this tensor is then known to be the weights.
+            weights = (grad_weights if type(grad_weights) is torch.Tensor
+                       and not grad_weights.requires_grad
+                       else _weights_tensor(grad_weights, logits))
+            return _apply_eager_fused(logits, labels, weights, options, overwrite)
+        return _apply_eager(logits, labels, options, overwrite)
     # A dispatch mode, fake or subclass tensors: through the custom ops.
     if needs_grad and grad_weights is not None:
         weights = _weights_tensor(grad_weights, logits)
