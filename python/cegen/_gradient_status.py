@@ -16,6 +16,11 @@ host later, without waiting for the device, as the runtime's label status words 
   that met such a token is reported by the next call after it, once;
 * :func:`check_fused_gradients` waits for the current stream and reports everything.
 
+:func:`cegen.linear_cross_entropy`'s backward reports a second kind the same way
+(:class:`UnpredictedUpstreamError`): an upstream gradient that is not ``grad_weights`` times one
+common factor, where the forward's ``d weight`` could not be made right on the device and was
+set to NaN (``cegen.linear``).
+
 On the CPU the count is final when the backward returns, so the backward that met the
 token raises. The host reads the slots through NumPy views of host memory: no
 ``Tensor.item()``, ``bool(tensor)`` or device-to-host synchronization anywhere.
@@ -30,12 +35,22 @@ import torch
 
 from ._errors import CegenError
 
-__all__ = ["record", "poll", "check_fused_gradients", "ZeroWeightGradientError"]
+__all__ = ["record", "poll", "check_fused_gradients", "ZeroWeightGradientError",
+           "UnpredictedUpstreamError", "ZERO_WEIGHT", "LINEAR_UPSTREAM"]
 
 
 class ZeroWeightGradientError(CegenError):
     """A fused call's token had ``grad_weights`` 0 but a non-zero upstream gradient."""
 
+
+class UnpredictedUpstreamError(CegenError):
+    """A ``linear_cross_entropy`` backward's upstream gradient was not ``grad_weights`` times
+    one common factor: its ``d weight`` (and ``d bias``) were set to NaN."""
+
+
+#: The kinds of report: what :func:`record` counts, and the error :func:`poll` raises.
+ZERO_WEIGHT = "zero weight"
+LINEAR_UPSTREAM = "linear upstream"
 
 _MESSAGE = (
     "fused cross_entropy: the upstream gradient was non-zero for {count} token(s) whose "
@@ -43,6 +58,22 @@ _MESSAGE = (
     "gradient rows were set to NaN. Make grad_weights the gradient the loss will receive "
     "(e.g. the loss mask divided by the token count), or leave grad_weights out"
 )
+
+_LINEAR_MESSAGE = (
+    "linear_cross_entropy: the upstream gradient of {count} token(s) ({where}) was not "
+    "grad_weights times the factor the other tokens' share, so d weight (and d bias), which "
+    "the forward finished for grad_weights, cannot be made right without recomputing them; "
+    "they were set to NaN (d hidden is right). Pass grad_weights_exact=True (right for any "
+    "upstream gradient, two more GEMMs when it is not grad_weights' own tensor), or leave "
+    "grad_weights out (four GEMMs); in cegen.megatron's fused output layer, "
+    "--no-turbo-ce-fused-gradient"
+)
+
+#: kind -> (error class, message, what the report calls the backward)
+_KINDS = {
+    ZERO_WEIGHT: (ZeroWeightGradientError, _MESSAGE, "fused backward"),
+    LINEAR_UPSTREAM: (UnpredictedUpstreamError, _LINEAR_MESSAGE, "linear_cross_entropy backward"),
+}
 
 
 class _Slot:
@@ -54,6 +85,7 @@ class _Slot:
         self.view = view
         self.event = torch.cuda.Event() if cuda else None
         self.where = ""
+        self.kind = ZERO_WEIGHT
 
 
 #: Slots made at once: page-locked memory is costly to allocate (about a millisecond of
@@ -74,7 +106,7 @@ class _DeviceState:
         self.device = device
         self.free: List[_Slot] = []
         self.pending: List[_Slot] = []
-        self.graph_counters: List[Tuple[torch.Tensor, str]] = []
+        self.graph_counters: List[Tuple[torch.Tensor, str, str]] = []
         self.eager_launches = 0
 
     def take(self) -> _Slot:
@@ -108,9 +140,12 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def record(bad: torch.Tensor) -> None:
-    """Counts the True entries of ``bad`` (tokens with weight 0 and upstream gradient != 0)
-    for a later report; never synchronizes. Called by the fused backward."""
+def record(bad: torch.Tensor, kind: str = ZERO_WEIGHT) -> None:
+    """Counts the True entries of ``bad`` for a later report of ``kind``; never synchronizes.
+    Called by the fused backward (:data:`ZERO_WEIGHT`: tokens with weight 0 and upstream
+    gradient != 0) and linear_cross_entropy's (:data:`LINEAR_UPSTREAM`: tokens whose upstream
+    gradient is not grad_weights times the common factor)."""
+    backward = _KINDS[kind][2]
     device = bad.device
     state = _state(device, create=True)
     assert state is not None
@@ -121,12 +156,13 @@ def record(bad: torch.Tensor) -> None:
         counter.add_(count)
         with _lock:
             state.graph_counters.append(
-                (counter, f"a fused backward captured into a CUDA graph on {device}"))
+                (counter, f"a {backward} captured into a CUDA graph on {device}", kind))
         return
     with _lock:
         slot = state.take()
         state.eager_launches += 1
-        slot.where = f"fused backward {state.eager_launches} on {device}"
+        slot.where = f"{backward} {state.eager_launches} on {device}"
+        slot.kind = kind
     slot.word.copy_(count, non_blocking=True)
     if slot.event is not None:
         slot.event.record()
@@ -138,9 +174,10 @@ def record(bad: torch.Tensor) -> None:
 
 def _collect_graph_counters(state: _DeviceState) -> None:
     """Queues a copy of each captured counter and zeroes it behind the copy."""
-    for counter, where in state.graph_counters:
+    for counter, where, kind in state.graph_counters:
         slot = state.take()
         slot.where = where
+        slot.kind = kind
         slot.word.copy_(counter, non_blocking=True)
         counter.zero_()
         if slot.event is not None:
@@ -149,8 +186,10 @@ def _collect_graph_counters(state: _DeviceState) -> None:
 
 
 def poll(device: torch.device) -> None:
-    """Raises :class:`ZeroWeightGradientError` for the counts that have arrived on the
-    host; never blocks. A no-op while the current stream is being captured."""
+    """Raises :class:`ZeroWeightGradientError` (or :class:`UnpredictedUpstreamError`) for
+    the counts that have arrived on the host; never blocks. A no-op while the current stream
+    is being captured. Counts of both kinds arrived at once: one error, of the first kind,
+    whose message says both."""
     if not _states:
         return  # no fused backward has run in this process
     state = _state(device, create=False)
@@ -166,24 +205,30 @@ def poll(device: torch.device) -> None:
         for slot in state.pending:
             (arrived if slot.event is None or slot.event.query() else waiting).append(slot)
         state.pending = waiting
-        total, first = 0, ""
+        totals: Dict[str, int] = {}
+        first: Dict[str, str] = {}
         for slot in arrived:
             value = int(slot.view[0])
-            if value and not first:
-                first = slot.where
-            total += value
+            if value:
+                first.setdefault(slot.kind, slot.where)
+                totals[slot.kind] = totals.get(slot.kind, 0) + value
         state.free.extend(arrived)
-    if total:
-        raise ZeroWeightGradientError(_MESSAGE.format(count=total, where=first))
+    if totals:
+        kinds = [kind for kind in _KINDS if kind in totals]
+        messages = [_KINDS[kind][1].format(count=totals[kind], where=first[kind])
+                    for kind in kinds]
+        raise _KINDS[kinds[0]][0]("; and ".join(messages))
 
 
 def check_fused_gradients(device: Optional[torch.device] = None, wait: bool = True) -> None:
     """Reports fused backwards that met a token with ``grad_weights`` 0 and a non-zero
-    upstream gradient (see ``cegen._gradient_status``).
+    upstream gradient, and linear_cross_entropy backwards whose upstream gradient was not
+    ``grad_weights`` up to one factor (see ``cegen._gradient_status``).
 
     Waits for the current stream of ``device`` (default: the current CUDA device, or the
     CPU without CUDA) unless ``wait`` is False, then raises
-    :class:`ZeroWeightGradientError` once for what has not been reported yet.
+    :class:`ZeroWeightGradientError` (or :class:`UnpredictedUpstreamError`) once for what
+    has not been reported yet.
     """
     if device is None:
         device = (torch.device("cuda", torch.cuda.current_device())

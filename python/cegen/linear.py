@@ -17,13 +17,20 @@ Schedules (none of them reads a device value on the host):
 * ``grad_weights`` given (the upstream gradient each token's loss will receive): the fused
   kernel runs in the forward with ``w'_t = w_t`` (1 where ``w_t = 0``), ``d hidden`` from
   that gradient and ``d weight`` from it with the rows of the zero-weight tokens left out.
-  The backward decides from metadata alone: ``d hidden`` is rescaled on the device by
+  The backward reads no device value on the host: ``d hidden`` is rescaled on the device by
   ``g_t / w'_t`` per row (exact for any ``g``, zeros and zero weights included); ``d weight``
-  is the forward's when ``g`` is ``grad_weights``' own memory (same storage, strides and
-  version), or is multiplied by ``g_0 / w'_0`` when both are broadcasts of one value (a
-  number or 0-d ``grad_weights`` and a stride-0 ``g``, as ``loss.sum()`` gives); any other
-  ``g`` recomputes ``d weight`` (and ``d bias``): each chunk's logits and the backward kernel
-  with ``g``, two more GEMMs.
+  (and ``d bias``) is the forward's when ``g`` is ``grad_weights``' own memory (same storage,
+  strides and version), and is multiplied by ``g_0 / w'_0`` when both are broadcasts of one
+  value (a number or 0-d ``grad_weights`` and a stride-0 ``g``, as ``loss.sum()`` gives).
+  For any other ``g`` the device checks that ``g = r * grad_weights`` for one factor ``r``
+  (every token with ``w_t != 0`` has ``g_t / w_t`` equal to ``r`` within 2^-20 relative, every
+  token with ``w_t = 0`` has ``g_t = 0``: Megatron's ``loss_mask * c`` against the predicted
+  ``loss_mask * c'``) and multiplies ``d weight`` by ``r`` where it holds, or by NaN where it
+  does not, with a lazy :class:`~cegen._gradient_status.UnpredictedUpstreamError` (raised by
+  the next cegen call, :func:`cegen.check_fused_gradients`, or on the CPU by the backward
+  itself): three GEMMs, never a silently wrong gradient. With ``grad_weights_exact=True``
+  such a ``g`` recomputes ``d weight`` (and ``d bias``) instead: each chunk's logits and the
+  backward kernel with ``g``, two more GEMMs (five in all), right for any ``g``.
 * otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
@@ -50,7 +57,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _kernels, _validate
+from . import _gradient_status, _kernels, _validate
 from ._errors import InvalidInputError
 from ._kernels import KernelOptions, Shard
 from .tensor_parallel import (_rank_and_world, _sharded_forward, reduce_and_combine,
@@ -139,6 +146,40 @@ def _is_stride0(tensor: torch.Tensor) -> bool:
     return tensor.numel() > 0 and all(stride == 0 for stride in tensor.stride())
 
 
+#: How far a token's ``g_t / w_t`` may be from the common factor ``r`` (relative): the
+#: rounding of two products ``m_t * c`` and ``m_t * c'`` with a loss mask ``m_t`` that is
+#: not 0 or 1 (a few float32 ulps, 2^-23 each). Scaling that token's share of ``d weight``
+#: by ``r`` instead errs by less than this, far below the float32 GEMM's own rounding.
+RATIO_TOLERANCE = 2.0 ** -20
+
+
+def _common_factor(grad_loss: torch.Tensor, weights: torch.Tensor,
+                   ratio: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(factor, bad) on the device, read by nobody on the host: ``factor`` is ``r``
+    where ``g = r * grad_weights`` holds for every token, NaN where it does not; ``bad``
+    marks the tokens where it does not (only counted when ``g`` is finite: a NaN or inf
+    upstream makes every gradient NaN anyway). ``ratio``: ``g_t / w'_t``, float32 ``[N]``;
+    ``weights``: ``grad_weights``, 0-d (every token's kernel weight was that number, or 1
+    for 0) or ``[N]`` (a zero-weight token's rows are not in d weight: its ``g_t`` must be 0).
+    """
+    g = grad_loss.float()
+    if weights.dim() == 0:  # no row left out: every token's g_t / w'_t must be r
+        reference = ratio[:1]
+        counted = None
+    else:
+        counted = weights != 0
+        # The first token with a non-zero weight (argmax: no nonzero(), no host read); with
+        # none, token 0, whose ratio is its g (w' = 1), which must then be 0.
+        first = torch.argmax(counted.to(torch.uint8)).reshape(1)
+        reference = torch.index_select(ratio, 0, first)
+    close = (ratio - reference).abs() <= RATIO_TOLERANCE * reference.abs()
+    matches = close if counted is None else torch.where(counted, close, g == 0)
+    uniform = matches.all()
+    factor = torch.where(uniform, reference.reshape(()),
+                         torch.full((), float("nan"), dtype=torch.float32, device=g.device))
+    return factor, ~matches & torch.isfinite(g).all()
+
+
 def _same_memory(grad: torch.Tensor, weights: torch.Tensor, version: int) -> bool:
     """``grad`` is ``weights`` itself: the same storage, offset, shape, strides and dtype,
     not written since the forward (metadata only, no device read)."""
@@ -191,14 +232,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
                 bias: Optional[torch.Tensor], labels: torch.Tensor,
                 weights: Optional[torch.Tensor], options: KernelOptions,
-                chunk: int, tp: Optional[_VocabParallel], reduction: str) -> torch.Tensor:
+                chunk: int, tp: Optional[_VocabParallel], reduction: str,
+                exact: bool) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         needs_grad = any(ctx.needs_input_grad[:3])
         if reduction != "none":
             weights = _reduction_weight(labels, options, reduction, hidden.device)
         fused = needs_grad and weights is not None
         ctx.options, ctx.chunk, ctx.tp, ctx.grads = options, chunk, tp, None
-        ctx.reduction = reduction
+        ctx.reduction, ctx.exact = reduction, exact
         ctx.weights_version = None if weights is None else weights._version
         if tp is not None and not fused:
             loss, lse = _sharded_lse(hidden, weight, bias, labels, options, chunk, tp)
@@ -264,7 +306,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             # Every rank reduces once per backward, whichever branch it took: d hidden is
             # this rank's share sum_t G_r W_r until it is summed over the ranks.
             torch.distributed.all_reduce(grads[0], group=ctx.tp.group)
-        return grads[0], grads[1], grads[2], None, None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None
 
 
 def _reduced(loss: torch.Tensor, weights: Optional[torch.Tensor],
@@ -303,9 +345,20 @@ def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
     grad_hidden.mul_(ratio[:, None])
     if weights.dim() == 1 and _same_memory(grad_loss, weights, ctx.weights_version):
         return grad_hidden, grad_weight, grad_bias  # g is grad_weights: d weight is the answer
-    del grad_weight, grad_bias  # released before the recompute allocates its own
-    return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(), ctx.options,
-                            ctx.chunk, grad_hidden=grad_hidden)
+    if ctx.exact:  # right for any g: d weight and d bias from g itself
+        del grad_weight, grad_bias  # released before the recompute allocates its own
+        return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
+                                ctx.options, ctx.chunk, grad_hidden=grad_hidden)
+    # g = r * grad_weights, checked on the device: d weight (a sum over the tokens) is r times
+    # the forward's; where it is not, NaN and a lazy error (no host read to choose otherwise).
+    if ratio.numel() == 0:
+        return grad_hidden, grad_weight, grad_bias  # no token: nothing to scale
+    factor, bad = _common_factor(grad_loss, weights, ratio)
+    for grad in (grad_weight, grad_bias):
+        if grad is not None:
+            grad.mul_(factor)  # 0-d: rounded to the gradient's dtype, as the scale paths
+    _gradient_status.record(bad, _gradient_status.LINEAR_UPSTREAM)  # on the CPU: may raise
+    return grad_hidden, grad_weight, grad_bias
 
 
 def _row_labels(labels: torch.Tensor, hidden_shape: Tuple[int, ...],
@@ -390,6 +443,7 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     label_layout: str = "bs",
     grad_weights: GradWeights = None,
+    grad_weights_exact: bool = False,
     chunk_tokens: Optional[int] = None,
     bundle: Union[None, str, "os.PathLike[str]"] = None,
     label_out_of_range: str = "error",
@@ -412,13 +466,28 @@ def linear_cross_entropy(
         ignore_index, label_smoothing, z_loss, label_out_of_range: as for
             :func:`cegen.cross_entropy`.
         grad_weights: the upstream gradient each token's loss will receive (a number, or a
-            tensor of the labels' shape), known now: the forward then finishes the gradients
-            (three GEMMs). The backward uses them as they are when the upstream gradient is
-            this tensor itself (``loss.backward(grad_weights)``), scales them when a number
-            (or a broadcast of one) meets a stride-0 upstream (``loss.sum()``), and
-            otherwise recomputes ``d weight`` (two more GEMMs): right for any upstream
-            gradient, never reading a device value on the host. With ``reduction="none"``
-            only.
+            tensor of the labels' shape), known now up to one common factor: the forward
+            then finishes the gradients (three GEMMs). The backward uses them as they are
+            when the upstream gradient is this tensor itself (``loss.backward(grad_weights)``),
+            and otherwise scales them by the factor ``r`` in ``g = r * grad_weights``, found
+            and checked on the device (a zero weight needs a zero ``g``); ``d hidden`` is
+            rescaled per token and is right for any ``g``. Where ``g`` is not
+            ``r * grad_weights``, ``d weight`` and ``d bias`` are NaN and an
+            :class:`~cegen._gradient_status.UnpredictedUpstreamError` is raised by the next
+            cegen call (on the CPU by the backward). Never reads a device value on the host.
+            With ``reduction="none"`` only.
+        grad_weights_exact: what the backward does when the upstream gradient is neither
+            ``grad_weights``' own tensor nor a broadcast meeting a number. False (the
+            default): the check above, three GEMMs in all. True: ``d weight`` (and
+            ``d bias``) are recomputed from ``g`` (each chunk's logits again, two more
+            GEMMs: five, one more than without ``grad_weights``), right for any ``g``. The
+            default serves what ``grad_weights`` is for: a caller who knows the upstream
+            gradient (up to a loss scale, a token count, a number of micro-batches, as
+            Megatron's training step) gets three GEMMs and a loud error, never a wrong
+            gradient, if it was wrong; a caller who does not know it is faster without
+            ``grad_weights`` (four GEMMs) than with the exact recompute (five), which is for
+            callers whose prediction is usually the upstream's own tensor and who must
+            never fail otherwise.
         chunk_tokens: tokens per chunk (default: 256 MiB of logits).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
@@ -487,11 +556,12 @@ def linear_cross_entropy(
         raise InvalidInputError(
             f"grad_weights is for reduction='none' (reduction={reduction!r} weighs every "
             "token itself)")
+    grad_weights_exact = _validate.flag("grad_weights_exact", grad_weights_exact)
     weights = _row_weights(grad_weights, hidden, hidden_shape, label_layout)
     chunk = chunk_tokens or default_chunk_tokens(rows.shape[0], weight.shape[0],
                                                  hidden.element_size())
     loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk,
-                                     tp, reduction)
+                                     tp, reduction, grad_weights_exact)
     if len(hidden_shape) == 3 and reduction == "none":
         loss = loss.view(hidden_shape[0], hidden_shape[1])  # [S, B]
         if label_layout == "bs":

@@ -15,16 +15,18 @@ import torch
 #: Schedules: how grad_weights and the backward's upstream gradient relate.
 #: "recompute": no grad_weights, a per-token upstream; "fused-match": the backward gets the
 #: grad_weights tensor itself (the forward's gradients are the answer where the rows'
-#: layout keeps its memory: [N] rows); "fused-differ": grad_weights twice it (the backward
+#: layout keeps its memory: [N] rows; in [S, B, H]'s an equal copy, a multiple by 1);
+#: "fused-differ": grad_weights twice it (the backward scales d weight by the factor 1/2 it
+#: finds on the device); "fused-exact": the same with grad_weights_exact=True (the backward
 #: recomputes d weight); "mean": grad_weights 1/N and loss.mean() (a contiguous upstream of
-#: 1/N, whose values are not read: d weight recomputed); "sum": loss.sum()
+#: 1/N, one factor on the device); "sum": loss.sum()
 #: (a stride-0 upstream); "zeros": a zero upstream; "no-grad": the forward alone;
 #: "fused-twice": "fused-match" with two backward passes of a retained graph (the gradients
 #: add up; the second pass recomputes everything); "reduced": reduction="mean" (the 0-d
 #: loss's backward scales the forward's gradients; the per-token loss of a second, no-grad
 #: call is what is compared, the mean besides).
-SCHEDULES = ("recompute", "fused-match", "fused-differ", "mean", "sum", "zeros", "no-grad",
-             "fused-twice", "reduced")
+SCHEDULES = ("recompute", "fused-match", "fused-differ", "fused-exact", "mean", "sum", "zeros",
+             "no-grad", "fused-twice", "reduced")
 
 
 def slice_bounds(vocab: int, world: int, uneven: bool) -> List[Tuple[int, int]]:
@@ -78,7 +80,7 @@ def inputs_of(spec: Dict[str, Any], case_: Dict[str, Any]) -> Dict[str, Any]:
     grad_weights: Any = None
     if schedule in ("fused-match", "fused-twice"):
         grad_weights = upstream.float()
-    elif schedule == "fused-differ":
+    elif schedule in ("fused-differ", "fused-exact"):
         grad_weights = (2 * upstream).float()
     elif schedule == "mean":
         grad_weights = 1.0 / count
@@ -123,6 +125,7 @@ def run_one(spec: Dict[str, Any], case_: Dict[str, Any], rank: int, world: int,
                 loss = cegen.linear_cross_entropy(
                     hidden, weight, data["labels"], bias=bias, chunk_tokens=case_["chunk"],
                     grad_weights=data["grad_weights"], tp_group=group,
+                    grad_weights_exact=schedule == "fused-exact",
                     reduce_grad_hidden=case_["reduce_grad_hidden"],
                     reduction="mean" if schedule == "reduced" else "none", **case_["options"],
                     **extra)

@@ -5,7 +5,9 @@ smoothing and the z-loss as in DESIGN.md, autograd for the gradients. Chunks are
 small, so that a chunk of one token, a last partial chunk and ignored tokens across a
 chunk boundary all occur; both schedules are covered (grad_weights known in the forward,
 and the backward that recomputes each chunk's logits), with upstream gradients that match
-the weights, differ from them, are stride-0 and are zero.
+the weights, are a multiple of them (Megatron's loss mask times another factor, zeros
+included), differ from them otherwise (d weight NaN and a lazy UnpredictedUpstreamError, or
+with grad_weights_exact=True recomputed), are stride-0 and are zero.
 
 Vocab-parallel weights (:class:`VocabParallelTest`): gloo groups of 2 and 3 CPU processes
 (test_tensor_parallel.py's worker, cases in _linear_parallel_cases.py), equal and unequal
@@ -31,7 +33,7 @@ import _support as S
 from _support import SEED, kernels_missing
 
 import cegen
-from cegen import linear
+from cegen import _gradient_status, linear
 import _linear_parallel_cases as cases
 
 SKIP = kernels_missing()
@@ -90,10 +92,12 @@ class LinearCrossEntropyTest(unittest.TestCase):
         return hidden, weight, bias, labels
 
     def run_both(self, hidden, weight, bias, labels, upstream, *, chunk, grad_weights=None,
-                 backward_with=None, **options):
+                 backward_with=None, report=False, grad_weights_exact=False, **options):
         """(ours, reference) of loss and the gradients of hidden, weight, bias.
         ``backward_with``: the very tensor our loss's backward gets (default: a float32
-        copy of ``upstream``)."""
+        copy of ``upstream``). ``report``: the backward's lazy report is held back (on the
+        CPU it would raise from the backward, before the gradients are delivered) and
+        returned third: the exception :func:`check_fused_gradients` raises, or None."""
         ref_inputs = [t.clone().requires_grad_(True) if t is not None else None
                       for t in (hidden, weight, bias)]
         ref_loss = reference(ref_inputs[0], ref_inputs[1], ref_inputs[2], labels, **options)
@@ -102,17 +106,27 @@ class LinearCrossEntropyTest(unittest.TestCase):
                        for t in (hidden, weight, bias)]
         loss = cegen.linear_cross_entropy(ours_inputs[0], ours_inputs[1], labels,
                                           bias=ours_inputs[2], chunk_tokens=chunk,
-                                          grad_weights=grad_weights, **options)
+                                          grad_weights=grad_weights,
+                                          grad_weights_exact=grad_weights_exact, **options)
         if backward_with is None:
             backward_with = upstream.float()
             if upstream.numel() and all(stride == 0 for stride in upstream.stride()):
                 # stays a broadcast (float() of one would be a contiguous copy)
                 backward_with = upstream.as_strided((), (), upstream.storage_offset()).float(
                     ).expand(upstream.shape)
-        loss.backward(backward_with)
+        if not report:
+            loss.backward(backward_with)
+        else:
+            with mock.patch.object(_gradient_status, "poll", lambda device: None):
+                loss.backward(backward_with)
+            try:
+                _gradient_status.check_fused_gradients(torch.device("cpu"))
+                raised = None
+            except cegen.CegenError as error:
+                raised = error
         ours = [loss] + [t.grad if t is not None else None for t in ours_inputs]
         refs = [ref_loss] + [t.grad if t is not None else None for t in ref_inputs]
-        return ours, refs
+        return (ours, refs, raised) if report else (ours, refs)
 
     def assert_close(self, ours, refs, what):
         names = ("loss", "d hidden", "d weight", "d bias")
@@ -130,29 +144,34 @@ class LinearCrossEntropyTest(unittest.TestCase):
         n = labels.shape[0]
         upstream = torch.rand((n,), generator=self.gen, dtype=torch.float64) + 0.5
         for chunk in (1, 3, 4, n, n + 5):
-            for schedule in ("recompute", "fused-match", "fused-equal", "fused-differ",
-                             "fused-scalar"):
+            for schedule in ("recompute", "fused-match", "fused-equal", "fused-multiple",
+                             "fused-scalar", "fused-exact", "fused-exact-differ"):
                 with self.subTest(chunk=chunk, schedule=schedule):
-                    grad_weights, g, backward_with = None, upstream, None
+                    grad_weights, g, backward_with, exact = None, upstream, None, False
                     if schedule == "fused-match":  # the backward gets grad_weights itself
                         grad_weights = backward_with = upstream.float()
-                    elif schedule == "fused-equal":  # equal values, other memory: recomputes
+                    elif schedule in ("fused-equal", "fused-exact"):  # equal values, other memory
                         grad_weights = upstream.float()
-                    elif schedule == "fused-differ":
-                        grad_weights = (upstream * 2).float()  # the backward must recompute
+                        exact = schedule == "fused-exact"
+                    elif schedule == "fused-multiple":  # g = grad_weights / 2 (r = 0.5)
+                        grad_weights = (upstream * 2).float()
+                    elif schedule == "fused-exact-differ":  # not a multiple: exact recomputes
+                        grad_weights = (upstream * upstream).float()
+                        exact = True
                     elif schedule == "fused-scalar":
                         grad_weights, g = 1.0 / n, torch.full((n,), 1.0 / n, dtype=torch.float64)
                     with counting_recomputes() as calls:
                         ours, refs = self.run_both(hidden, weight, bias, labels, g, chunk=chunk,
                                                    grad_weights=grad_weights,
                                                    backward_with=backward_with,
+                                                   grad_weights_exact=exact,
                                                    ignore_index=-100, label_smoothing=0.1,
                                                    z_loss=1e-3)
                     self.assert_close(ours, refs, f"chunk {chunk}, {schedule}")
                     # fused-scalar: 1/N meets a contiguous upstream of 1/N (as loss.mean()
-                    # gives): the values are not read, so d weight is recomputed.
-                    expected = {"recompute": ["all"], "fused-match": []}.get(schedule,
-                                                                             ["d weight"])
+                    # gives): checked on the device, one factor, no recompute.
+                    expected = {"recompute": ["all"], "fused-exact": ["d weight"],
+                                "fused-exact-differ": ["d weight"]}.get(schedule, [])
                     self.assertEqual(calls, expected, f"chunk {chunk}, {schedule}: recomputes")
                     self.assertTrue(bool((ours[0][2:4] == 0).all()), "ignored tokens' loss")
 
@@ -166,44 +185,130 @@ class LinearCrossEntropyTest(unittest.TestCase):
                 self.assert_close(ours, refs, name)
 
     def test_fused_upstreams_without_reading(self):
-        """The fused schedule for upstream gradients the forward did not see: what the
-        backward can tell from metadata alone, zero weights and zero upstreams included;
-        each against float64, with the recomputations each one needs."""
+        """The fused schedule for upstream gradients the forward did not see, zero weights
+        and zero upstreams included, each against float64: what the default backward makes
+        of each (the forward's d weight, scaled by the one factor it finds on the device, or
+        NaN and a report where there is none) and what grad_weights_exact=True makes of it
+        (the recomputations each one needs)."""
         hidden, weight, bias, labels = self.problem()
         labels[2] = labels[3] = -100
         n = labels.shape[0]
         upstream = torch.rand((n,), generator=self.gen, dtype=torch.float64) + 0.5
         zero_weights = upstream.float().clone()
         zero_weights[[1, 5, 6]] = 0.0  # tokens 5 and 6 straddle a boundary of chunk 3
+        mask = torch.ones((n,))
+        mask[[0, 5, 6, 10]] = 0.0  # the first token masked: the factor's token is a later one
+        soft_mask = torch.rand((n,), generator=self.gen) * 0.9 + 0.05  # not 0 or 1: rounding
+        soft_mask[[4, 9]] = 0.0
         broadcast = torch.full((), 0.5).expand(n)
+        ones = torch.ones((), dtype=torch.float64).expand(n)
+        zeros = torch.zeros((n,), dtype=torch.float64)
         cases = [
-            # (name, grad_weights, upstream float64, the backward's tensor, recomputes)
-            ("zero weights, other upstream", zero_weights, upstream, None, ["d weight"]),
-            ("zero weights, upstream is grad_weights", zero_weights, zero_weights.double(),
-             zero_weights, []),
-            ("weight 0, loss.sum()", 0.0, torch.ones((), dtype=torch.float64).expand(n),
-             None, []),
+            # (name, grad_weights, upstream float64 (None: the backward's tensor), the
+            #  backward's tensor, default: "scaled" or "error", exact's recomputes)
+            ("zero weights, other upstream", zero_weights, upstream, None, "error", ["d weight"]),
+            ("zero weights, upstream is grad_weights", zero_weights, None, zero_weights,
+             "scaled", []),
+            ("weight 0, loss.sum()", 0.0, ones, None, "scaled", []),
             ("0-d tensor weight, stride-0 upstream", torch.full((), 0.25),
-             torch.full((), 0.7, dtype=torch.float64).expand(n), None, []),
+             torch.full((), 0.7, dtype=torch.float64).expand(n), None, "scaled", []),
             ("broadcast weights, stride-0 upstream", broadcast,
-             torch.full((), 3.0, dtype=torch.float64).expand(n), None, []),
+             torch.full((), 3.0, dtype=torch.float64).expand(n), None, "scaled", []),
             ("broadcast weights, zero stride-0 upstream", broadcast,
-             torch.zeros((), dtype=torch.float64).expand(n), None, []),
-            ("token weights, stride-0 upstream", upstream.float(),
-             torch.ones((), dtype=torch.float64).expand(n), None, ["d weight"]),
-            ("number weight, token upstream", 1.0 / n, upstream, None, ["d weight"]),
-            ("zero weights, zero upstream", zero_weights, torch.zeros((n,), dtype=torch.float64),
-             None, ["d weight"]),
+             torch.zeros((), dtype=torch.float64).expand(n), None, "scaled", []),
+            ("token weights, stride-0 upstream", upstream.float(), ones, None, "error",
+             ["d weight"]),
+            ("number weight, token upstream", 1.0 / n, upstream, None, "error", ["d weight"]),
+            ("number weight, contiguous upstream of one value", 0.25,
+             torch.full((n,), 0.75, dtype=torch.float64), None, "scaled", ["d weight"]),
+            ("zero weights, zero upstream", zero_weights, zeros, None, "scaled", ["d weight"]),
+            ("all weights 0, zero upstream", torch.zeros((n,)), zeros, None, "scaled",
+             ["d weight"]),
+            ("all weights 0, other upstream", torch.zeros((n,)), upstream, None, "error",
+             ["d weight"]),
+            # Megatron's step: loss_mask * c against the predicted loss_mask * c'
+            ("mask * 3 against mask / 7", mask / 7, None, mask * 3, "scaled", ["d weight"]),
+            ("mask * 0.5 against mask * 0.5", mask * 0.5, None, mask * 0.5, "scaled",
+             ["d weight"]),
+            ("mask * 3 against mask / 7, masked token's upstream 1e-30", mask / 7, None,
+             torch.where(torch.arange(n) == 10, torch.full((n,), 1e-30), mask * 3), "error",
+             ["d weight"]),
+            ("soft mask * 3 against soft mask / 7", soft_mask / 7, None, soft_mask * 3,
+             "scaled", ["d weight"]),
+            ("mask * 3 against mask / 7, one token 1e-5 off", mask / 7, None,
+             torch.where(torch.arange(n) == 7, mask * 3 * (1 + 1e-5), mask * 3), "error",
+             ["d weight"]),
         ]
-        for name, grad_weights, g, backward_with, expected in cases:
-            with self.subTest(case=name):
-                with counting_recomputes() as calls:
-                    ours, refs = self.run_both(hidden, weight, bias, labels, g, chunk=3,
-                                               grad_weights=grad_weights,
-                                               backward_with=backward_with, ignore_index=-100,
-                                               label_smoothing=0.1, z_loss=1e-3)
-                self.assert_close(ours, refs, name)
-                self.assertEqual(calls, expected, f"{name}: recomputes")
+        for name, grad_weights, g, backward_with, default, exact_recomputes in cases:
+            if g is None:
+                g = backward_with.double()
+            for exact in (False, True):
+                with self.subTest(case=name, exact=exact):
+                    with counting_recomputes() as calls:
+                        ours, refs, raised = self.run_both(
+                            hidden, weight, bias, labels, g, chunk=3, grad_weights=grad_weights,
+                            backward_with=backward_with, report=True, grad_weights_exact=exact,
+                            ignore_index=-100, label_smoothing=0.1, z_loss=1e-3)
+                    if exact or default == "scaled":
+                        self.assertIsNone(raised, f"{name}: reported")
+                        self.assert_close(ours, refs, name)
+                        self.assertEqual(calls, exact_recomputes if exact else [],
+                                         f"{name}: recomputes")
+                        continue
+                    self.assertEqual(calls, [], f"{name}: recomputes")
+                    self.assertIsInstance(raised, _gradient_status.UnpredictedUpstreamError,
+                                          f"{name}: not reported")
+                    self.assertRegex(str(raised), r"grad_weights_exact=True")
+                    # d hidden right (rescaled per token); d weight and d bias all NaN
+                    self.assert_close(ours[:2], refs[:2], name)
+                    for what, grad in (("d weight", ours[2]), ("d bias", ours[3])):
+                        self.assertTrue(bool(torch.isnan(grad).all()), f"{name}: {what} not NaN")
+
+    def test_upstream_not_a_multiple_is_reported(self):
+        """Where the upstream gradient is not grad_weights times one factor: on the CPU the
+        backward raises UnpredictedUpstreamError (counted tokens, where, how to switch the
+        prediction off), reported once; a NaN upstream is no such report (every gradient is
+        NaN then anyway) but its d weight is NaN all the same."""
+        hidden, weight, _, labels = self.problem(with_bias=False)
+        n = labels.shape[0]
+        weights = torch.rand((n,), generator=self.gen) + 0.5
+        upstream = weights * 2
+        upstream[[3, 8]] *= 1.5  # two tokens off the common factor
+        h, w = (t.float().clone().requires_grad_(True) for t in (hidden, weight))
+        loss = cegen.linear_cross_entropy(h, w, labels, chunk_tokens=4, grad_weights=weights)
+        with self.assertRaisesRegex(
+                _gradient_status.UnpredictedUpstreamError,
+                r"upstream gradient of 2 token\(s\) \(linear_cross_entropy backward \d+ on cpu\) "
+                r"was not grad_weights times.*grad_weights_exact=True.*leave grad_weights out.*"
+                r"--no-turbo-ce-fused-gradient"):
+            loss.backward(upstream)
+        _gradient_status.check_fused_gradients(torch.device("cpu"))  # reported once
+        nan_upstream = weights * 2
+        nan_upstream[5] = float("nan")
+        ours, refs, raised = self.run_both(hidden, weight, None, labels, nan_upstream.double(),
+                                           chunk=4, grad_weights=weights, report=True)
+        self.assertIsNone(raised, "a NaN upstream reported as a wrong prediction")
+        self.assertTrue(bool(torch.isnan(ours[2]).all()), "d weight of a NaN upstream")
+        self.assertTrue(bool(torch.isnan(refs[2]).all()), "the reference's d weight")
+
+    def test_report_of_both_kinds_at_once(self):
+        """cegen._gradient_status holding a zero-weight count and a linear one when it
+        polls: one error, of the first kind, whose message has both counts."""
+        device = torch.device("cpu")
+        with mock.patch.dict(_gradient_status._states, clear=True):
+            state = _gradient_status._state(device, create=True)
+            for count, kind, where in ((2, _gradient_status.LINEAR_UPSTREAM, "linear 3"),
+                                       (5, _gradient_status.ZERO_WEIGHT, "fused 4")):
+                slot = _gradient_status._new_slots(device, 1)[0]
+                slot.word.fill_(count)
+                slot.kind, slot.where = kind, where
+                state.pending.append(slot)
+            with self.assertRaisesRegex(
+                    _gradient_status.ZeroWeightGradientError,
+                    r"non-zero for 5 token\(s\) whose grad_weights entry was 0 \(fused 4\).*; "
+                    r"and linear_cross_entropy: the upstream gradient of 2 token\(s\) \(linear 3\)"):
+                _gradient_status.poll(device)
+            _gradient_status.poll(device)  # reported once
 
     def test_reduction(self):
         hidden, weight, bias, labels = self.problem()
@@ -266,13 +371,16 @@ class LinearCrossEntropyTest(unittest.TestCase):
                     alive.clear()
                     h, w, b = (t.float().clone().requires_grad_(True) for t in (hidden, weight, bias))
                     loss = cegen.linear_cross_entropy(h, w, labels, bias=b, chunk_tokens=3,
-                                                      grad_weights=grad_weights)
-                    loss.backward(upstream * 2)  # not grad_weights: every schedule recomputes
+                                                      grad_weights=grad_weights,
+                                                      grad_weights_exact=True)
+                    # not grad_weights' tensor: with grad_weights_exact, every schedule
+                    # recomputes
+                    loss.backward(upstream * 2)
                     self.assertGreater(len(alive), 4)
 
     def test_forward_gradients_released_before_the_recompute(self):
-        """A backward that recomputes d weight releases the forward's d weight (and d bias)
-        before it allocates its own: never two of them at once."""
+        """A backward that recomputes d weight (grad_weights_exact=True) releases the
+        forward's d weight (and d bias) before it allocates its own: never two at once."""
         hidden, weight, bias, labels = self.problem()
         made = []
         real = linear._zero_grads
@@ -291,8 +399,9 @@ class LinearCrossEntropyTest(unittest.TestCase):
                 h, w, b = (t.float().clone().requires_grad_(True) for t in (hidden, weight, bias))
                 with mock.patch.object(linear, "_zero_grads", watched):
                     loss = cegen.linear_cross_entropy(h, w, labels, bias=b, chunk_tokens=3,
-                                                      grad_weights=grad_weights)
-                    loss.backward(upstream * 2)  # not grad_weights: d weight recomputed
+                                                      grad_weights=grad_weights,
+                                                      grad_weights_exact=True)
+                    loss.backward(upstream * 2)  # not grad_weights' tensor: d weight recomputed
                 self.assertEqual(len(made), 2)
 
     def test_megatron_layout_and_labels(self):
@@ -333,6 +442,9 @@ class LinearCrossEntropyTest(unittest.TestCase):
             (lambda: cegen.linear_cross_entropy(h32, w32, labels, reduction="mean",
                                                 grad_weights=1.0),
              "grad_weights is for reduction='none'"),
+            (lambda: cegen.linear_cross_entropy(h32, w32, labels, grad_weights=1.0,
+                                                grad_weights_exact="yes"),
+             "grad_weights_exact must be True or False"),
         ]
         for call, message in cases:
             with self.subTest(message=message):
@@ -399,6 +511,8 @@ def parallel_cases():
     made = [c(f"chunk{chunk}-{schedule}", schedule=schedule, chunk=chunk)
             for chunk in (1, 3, 4, N + 5)
             for schedule in ("recompute", "fused-match", "fused-differ", "mean")]
+    made += [c("fused-exact", schedule="fused-exact", chunk=3),
+             c("sbh-fused-exact", schedule="fused-exact", chunk=4, layout="sbh")]
     made += [
         c("sum", schedule="sum", chunk=3, bias=False),
         c("zeros", schedule="zeros", chunk=4),
@@ -537,11 +651,11 @@ class VocabParallelTest(unittest.TestCase):
             if case["bias"]:
                 self.close(result["grad_bias"], ref["grad_bias"][start:end], f"{what} d bias")
             # The forward's gradients are the answer when the upstream is grad_weights' own
-            # memory ([N] rows; [S, B, H] with [B, S] labels copies them into row order), and
-            # nothing on the device is read to find out otherwise. The second backward of
-            # "fused-twice" recomputes: the first released them.
-            expected_recomputes = 0 if (schedule == "reduced" or (schedule == "fused-match"
-                                        and case["layout"] == "rows")) else 1
+            # memory, or a multiple of it (each rank finds the factor on the device): no
+            # recompute; without grad_weights, with grad_weights_exact ("fused-exact") and
+            # in the second backward of "fused-twice" (the first released them): one.
+            expected_recomputes = 1 if schedule in ("recompute", "sum", "zeros", "fused-twice",
+                                                    "fused-exact") else 0
             self.assertEqual(result["recomputes"], expected_recomputes, f"{what} recomputes")
             if schedule == "reduced":  # the mean of the tokens not ignored (upstream: 1/count)
                 data = cases.inputs_of(self.spec, case)

@@ -206,7 +206,8 @@ class TestMegatronPatch(unittest.TestCase):
 @S.requires_kernels
 class TestLinearNoHostSync(unittest.TestCase):
     """cegen.linear_cross_entropy: every schedule's forward and backward, the fused one's
-    backward deciding from metadata alone (issue 18)."""
+    backward deciding from metadata and device values only: the common factor of a multiple
+    of grad_weights, the NaN and the report of an upstream that is not one (issue 18)."""
 
     def test_linear_paths(self) -> None:
         hidden = S.random_logits((12, 16), scale=1.0, offset=407)
@@ -216,6 +217,14 @@ class TestLinearNoHostSync(unittest.TestCase):
         weights = torch.rand((12,), generator=S.generator(410)) + 0.5
         weights[5] = 0.0
         upstream = torch.rand((12,), generator=S.generator(411)) + 0.5
+
+        masked = weights.clone()
+        masked[[0, 7]] = 0.0
+
+        def not_a_multiple() -> None:
+            loss = call(grad_weights=weights)
+            with self.assertRaises(_gradient_status.UnpredictedUpstreamError):
+                loss.backward(upstream)  # on the CPU the backward reports at once
 
         def leaves():
             return hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
@@ -230,8 +239,13 @@ class TestLinearNoHostSync(unittest.TestCase):
             "recompute schedule": lambda: call().backward(upstream),
             "fused, number weight, loss.sum()": lambda: call(grad_weights=1.0).sum().backward(),
             "fused, upstream is grad_weights": lambda: call(grad_weights=weights).backward(weights),
-            "fused, another upstream (d weight recomputed)":
-                lambda: call(grad_weights=weights).backward(upstream),
+            "fused, a multiple of grad_weights (one factor, checked on the device)":
+                lambda: call(grad_weights=weights).backward(weights * 3),
+            "fused, masked multiple, first token masked":
+                lambda: call(grad_weights=masked).backward(masked * 0.25),
+            "fused, another upstream (d weight NaN, reported)": not_a_multiple,
+            "fused, another upstream, grad_weights_exact (d weight recomputed)":
+                lambda: call(grad_weights=weights, grad_weights_exact=True).backward(upstream),
             "fused, number weight, loss.mean()": lambda: call(grad_weights=1 / 12).mean().backward(),
             "reduction mean": lambda: call(reduction="mean").backward(),
             "reduction sum, no grad": lambda: torch.no_grad()(call)(reduction="sum"),
