@@ -27,8 +27,8 @@ Schedules (none of them reads a device value on the host):
   token with ``w_t = 0`` has ``g_t = 0``: Megatron's ``loss_mask * c`` against the predicted
   ``loss_mask * c'``) and multiplies ``d weight`` by ``r`` where it holds, or by NaN where it
   does not, with a lazy :class:`~cegen._gradient_status.UnpredictedUpstreamError` (raised by
-  the next cegen call, :func:`cegen.check_fused_gradients`, or on the CPU by the backward
-  itself): three GEMMs, never a silently wrong gradient. With ``grad_weights_exact=True``
+  the next cegen call, by :func:`cegen._gradient_status.check_fused_gradients`, or on the CPU
+  by the backward itself): three GEMMs, never a silently wrong gradient. With ``grad_weights_exact=True``
   such a ``g`` recomputes ``d weight`` (and ``d bias``) instead: each chunk's logits and the
   backward kernel with ``g``, two more GEMMs (five in all), right for any ``g``.
 * otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
