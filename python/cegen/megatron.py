@@ -50,8 +50,17 @@ back to the original post-processing, logged once per reason, for everything els
 labels (the caller wants the logits), inference, MTP layers, an output_processor, gathered
 logits (``runtime_gather_output``, ``parallel_output=False``), MuP's logit scaling, the
 config logger, deferred embedding weight gradients, full-iteration CUDA graphs, another
-output layer or loss, other dtypes. With ``--turbo-ce-fused-gradient`` the forward finishes the gradients for the
-upstream gradient the step is predicted to give (three GEMMs instead of four).
+output layer or loss, other dtypes. With ``--turbo-ce-fused-gradient`` (the default) and a
+``loss_mask`` the forward finishes the gradients for the upstream gradient the step is
+predicted to give, and the backward scales them by the factor it finds on the device between
+that prediction and the gradient that arrives: three GEMMs instead of four. A ``loss_func``
+whose upstream is not the loss mask times one factor (per-token weights) gets NaN weight
+gradients and an error naming ``--no-turbo-ce-fused-gradient`` (docs/megatron.md).
+
+``--turbo-ce-fused-gradient`` is on by default: the fused kernel computes the loss and its
+gradient in the forward for the predicted upstream gradient, and cegen's ``rescale`` kernel
+corrects on the device what the prediction got wrong (a wrong prediction costs a pass over the
+rows that differ, never a wrong gradient).
 """
 
 from __future__ import annotations
@@ -109,11 +118,15 @@ class TurboCESettings:
 
     use_turbo_cross_entropy: bool = False
     turbo_ce_overwrite_input: bool = False
-    turbo_ce_fused_gradient: bool = False
+    #: On by default: the fused kernel where Megatron's step makes the gradient predictable
+    #: (the rescale kernel corrects a wrong prediction on the device; docs/megatron.md).
+    turbo_ce_fused_gradient: bool = True
     turbo_ce_fuse_output_layer: bool = False
 
 
 _SETTING_NAMES = tuple(field.name for field in dataclasses.fields(TurboCESettings))
+#: Each setting's value where neither a YAML file nor the namespace gives one.
+_SETTING_DEFAULTS = {field.name: field.default for field in dataclasses.fields(TurboCESettings)}
 
 
 # -- settings: defaults YAML < experiment YAML < command line ----------------------------
@@ -239,7 +252,8 @@ def add_turbo_ce_args(parser: argparse.ArgumentParser, *,
         help="Compute the loss and its gradient in one kernel in the forward, for the "
              "upstream gradient the training step is predicted to give (loss mask, token "
              "count, micro-batches, loss scale); the backward corrects each row on the device "
-             "by the gradient that arrives (docs/megatron.md, 'The fused gradient').",
+             "by the gradient that arrives (docs/megatron.md, 'The fused gradient'). On by "
+             "default; --no-turbo-ce-fused-gradient turns it off.",
     )
     group.add_argument(
         "--turbo-ce-fuse-output-layer", action=argparse.BooleanOptionalAction,
@@ -261,7 +275,8 @@ def settings_from_args(args: Any = None) -> TurboCESettings:
 
         args = get_args()
     # Flags only: a string such as "false" from a hand-made namespace must not turn them on.
-    values = {name: _validate.flag(f"args.{name}", getattr(args, name, False))
+    # A namespace without a setting (no add_turbo_ce_args) gets the setting's default.
+    values = {name: _validate.flag(f"args.{name}", getattr(args, name, _SETTING_DEFAULTS[name]))
               for name in _SETTING_NAMES}
     return TurboCESettings(**values)
 
@@ -582,8 +597,8 @@ def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
     if is_compiling():
         return "torch.compile is tracing GPTModel's post-processing", None
     if getattr(config, "cuda_graph_impl", None) == "full_iteration":
-        # The backward of the three-GEMM schedule reads one flag on the host; neither
-        # schedule has been captured in a CUDA graph yet.
+        # No schedule of linear_cross_entropy reads a device value on the host, but none has
+        # been captured in a CUDA graph yet.
         return "full-iteration CUDA graphs (cuda_graph_impl='full_iteration')", None
     if not _is_cegen_loss(getattr(type(module), "compute_language_model_loss", None)):
         return ("compute_language_model_loss is not cegen's (a subclass or another patch "
@@ -679,14 +694,18 @@ def _fused_output_layer_loss(module: Any, plan: _OutputLayerPlan,
                                       group=plan.group)
     grad_weights: Any = None
     if (settings.turbo_ce_fused_gradient and torch.is_grad_enabled()
-            and (hidden.requires_grad or plan.weight.requires_grad)):
-        # The upstream gradient Megatron's step will give each token (loss mask x token
-        # count, micro-batches, loss scale): the forward finishes the gradients (three GEMMs);
-        # a backward whose gradient differs recomputes (four), so any prediction is safe.
+            and (hidden.requires_grad or plan.weight.requires_grad)
+            and plan.loss_mask is not None):
+        # The upstream gradient Megatron's step will give each token, loss_mask x c (c: the
+        # token count, micro-batches, loss scale): the forward finishes the gradients, and the
+        # backward finds on the device the one factor between this prediction and the
+        # loss_func's loss_mask x c' (1 when predicted right) and scales d weight by it: three
+        # GEMMs. An upstream that is not loss_mask times one number (a loss_func with per-token
+        # weights) gets NaN d weight and an UnpredictedUpstreamError naming
+        # --no-turbo-ce-fused-gradient; never a wrong gradient. Without a loss mask nothing is
+        # predicted (the schedule that recomputes the logits: four GEMMs, any upstream).
         factor = predicted_upstream(module, plan.labels, plan.loss_mask)
-        grad_weights = factor
-        if plan.loss_mask is not None:
-            grad_weights = factor * plan.loss_mask.reshape(plan.labels.shape).float()
+        grad_weights = factor * plan.loss_mask.reshape(plan.labels.shape).float()
     return linear_cross_entropy(
         hidden, plan.weight, plan.labels, bias=plan.bias, label_layout="bs",
         grad_weights=grad_weights, tp_group=plan.group,

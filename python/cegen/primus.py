@@ -9,11 +9,12 @@ Megatron backend's ``before_train`` phase:
   ``use_turbo_cross_entropy``: installs :mod:`cegen.megatron`'s patch of
   ``LanguageModule.compute_language_model_loss``, the same supported-case dispatch and
   logged-once fallback the Megatron entry point installs (one implementation, two entry
-  points), at any tensor-parallel size, with ``turbo_ce_overwrite_input``;
+  points), at any tensor-parallel size, with ``turbo_ce_overwrite_input``,
+  ``turbo_ce_fused_gradient`` (on by default) and ``turbo_ce_fuse_output_layer``;
 * ``megatron.cegen.cross_entropy.check`` (priority :data:`CHECK_PRIORITY`, after every other
   patch of the phase), same condition: verifies that cegen's method is the one in place.
 
-The two settings are Primus training arguments (module parameters): lowest first, the
+The settings are Primus training arguments (module parameters): lowest first, the
 packaged ``primus_defaults.yaml`` < the experiment YAML's ``modules.pre_trainer.overrides``
 < Primus's command line (``--use_turbo_cross_entropy true``); Primus merges the latter two
 into ``module_config.params``, which every patch reads. Values must be true or false. No
@@ -181,8 +182,10 @@ def apply_patch(ctx: PatchContext) -> None:
                 "cegen's patch goes on top of it, so cegen's fallbacks run Primus-Turbo's "
                 "patch.", PRIMUS_TURBO_PATCH_ID, cls.__name__, _METHOD, PATCH_ID)
     _megatron.install(settings, language_module_cls=cls)
-    logger.info("%s: cegen's cross entropy installed on %s.%s (overwrite_input=%s)",
-                PATCH_ID, cls.__name__, _METHOD, settings.turbo_ce_overwrite_input)
+    logger.info("%s: cegen's cross entropy installed on %s.%s (overwrite_input=%s, "
+                "fused_gradient=%s, fuse_output_layer=%s)", PATCH_ID, cls.__name__, _METHOD,
+                settings.turbo_ce_overwrite_input, settings.turbo_ce_fused_gradient,
+                settings.turbo_ce_fuse_output_layer)
 
 
 def check_patch(ctx: PatchContext) -> None:
@@ -217,7 +220,8 @@ def register() -> None:
     patches = (
         (PATCH_ID, apply_patch, PRIORITY,
          "Compute Megatron's language-model loss with cegen's fused cross-entropy kernels "
-         "(use_turbo_cross_entropy, turbo_ce_overwrite_input)"),
+         "(use_turbo_cross_entropy, turbo_ce_overwrite_input, turbo_ce_fused_gradient, "
+         "turbo_ce_fuse_output_layer)"),
         (CHECK_PATCH_ID, check_patch, CHECK_PRIORITY,
          "Check that cegen's cross entropy is the loss in place after the before_train patches"),
     )

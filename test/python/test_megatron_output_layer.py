@@ -7,7 +7,10 @@ loss) runs in float32 and is compared with the stand-in's unfused post-processin
 ColumnParallelLinear, then Megatron's loss) in float64: the per-token loss and the gradients
 of the hidden states, the output weight and its bias; tied embeddings; both loss
 implementations on Megatron's SFT labels; a Megatron training step with
---turbo-ce-fused-gradient, where the forward's gradients must be the answer (no recompute).
+--turbo-ce-fused-gradient, where the forward's gradients must be the answer (no recompute, the
+factor between the prediction and the upstream that arrives exactly 1), a loss_func with
+per-token weights (reported, and right with the setting off) and a step without a loss mask
+(nothing predicted).
 Every case it does not cover logs its reason once and runs GPTModel's post-processing
 unchanged (bitwise the output without the flag).
 """
@@ -23,7 +26,7 @@ from unittest import mock
 import _support as S
 import torch
 
-from cegen import linear
+from cegen import _gradient_status, linear
 from cegen import megatron as turbo_ce
 from megatron.core import num_microbatches_calculator
 from megatron.core.inference.utils import InferenceMode
@@ -194,52 +197,109 @@ def weighted_loss_func(weights: torch.Tensor, loss_mask: torch.Tensor, output_te
 class TestFusedGradientStep(OutputLayerTestCase):
     """With --turbo-ce-fused-gradient too: Megatron's training step (loss_func, the
     schedule's divisions, the loss scale) gives each token the upstream gradient predicted
-    in the forward, so the forward's gradients are used (three GEMMs, no recompute); another
-    loss_func gets a recompute, and right gradients either way."""
+    in the forward (loss_mask times the factor), so the forward's gradients are used as they
+    are (three GEMMs, no recompute, the factor the backward finds on the device exactly 1);
+    a loss_func with per-token weights is reported (UnpredictedUpstreamError naming
+    --no-turbo-ce-fused-gradient) and is right with the setting off."""
 
     def step(self, model: GPTModel, data: Dict[str, torch.Tensor], micro_batches: int,
-             loss_func: Any = pretrain_loss_func) -> Tuple[Optional[torch.Tensor], ...]:
+             loss_func: Any = pretrain_loss_func,
+             with_mask: bool = True) -> Tuple[Optional[torch.Tensor], ...]:
         hidden = data["hidden"].to(output_weight(model).dtype).clone().requires_grad_(True)
         model.zero_grad(set_to_none=True)
         num_microbatches_calculator.set_num_microbatches(micro_batches)
-        output = model(hidden, data["labels"], loss_mask=data["mask"])
+        output = model(hidden, data["labels"],
+                       **({"loss_mask": data["mask"]} if with_mask else {}))
         loss, _ = schedules.forward_step_calc_loss(
             output, functools.partial(loss_func, data["mask"]), model.config, micro_batches)
         schedules.backward_step(loss, model.config)
         return output.detach(), hidden.grad, output_weight(model).grad, None
 
     def check(self, micro_batches: int, scale: Optional[float], per_token: bool,
-              loss_func: Any, recomputes: int) -> None:
+              loss_func: Any, recomputes: List[str], fused_gradient: bool = True,
+              factors: Optional[List[float]] = None, with_mask: bool = True) -> None:
+        """Our step (recomputes: linear's, "all" or "d weight"; factors: the ones the
+        backward found) against the float64 step without cegen."""
         scale_tensor = None if scale is None else torch.tensor([scale])
         config = dict(calculate_per_token_loss=per_token,
                       grad_scale_func=None if scale is None else (lambda loss: scale_tensor * loss))
         data = inputs(offset=micro_batches)
-        install(fused_gradient=True)
-        calls: List[int] = []
-        real = linear._recompute_grads
+        install(fused_gradient=fused_gradient)
+        calls: List[str] = []
+        found: List[torch.Tensor] = []
+        real, real_factor = linear._recompute_grads, linear._common_factor
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            calls.append(1)
+            calls.append("all" if kwargs.get("grad_hidden") is None else "d weight")
             return real(*args, **kwargs)
 
+        def factor(*args: Any) -> Any:
+            result = real_factor(*args)
+            found.append(result[0].clone())
+            return result
+
         before = gpt_model.CALLS["output_layer"]
-        with mock.patch.object(linear, "_recompute_grads", counted):
-            ours = self.step(make_gpt(**config), data, micro_batches, loss_func)
+        with mock.patch.object(linear, "_recompute_grads", counted), \
+                mock.patch.object(linear, "_common_factor", factor):
+            ours = self.step(make_gpt(**config), data, micro_batches, loss_func, with_mask)
         self.assertEqual(gpt_model.CALLS["output_layer"], before, "the output layer ran")
-        self.assertEqual(len(calls), recomputes, "backward recomputes")
+        self.assertEqual(calls, recomputes, "backward recomputes")
+        if factors is not None:
+            self.assertEqual([float(f) for f in found], factors, "the backward's factor")
         turbo_ce.uninstall()
-        theirs = self.step(make_gpt(torch.float64, **config), data, micro_batches, loss_func)
+        theirs = self.step(make_gpt(torch.float64, **config), data, micro_batches, loss_func,
+                           with_mask)
         self.assert_close_all(ours, theirs, f"micro-batches {micro_batches} scale {scale}")
 
     def test_predicted_upstream_is_the_one_that_arrives(self) -> None:
+        # Megatron's upstream is losses * loss_mask's backward, a new tensor: the backward
+        # finds the factor between it and the prediction on the device, exactly 1 (the
+        # prediction bitwise the upstream on every unmasked token, 0 on the masked ones).
         for micro_batches, scale, per_token in ((1, None, False), (3, 1024.0, False),
                                                 (2, 4096.0, True)):
             with self.subTest(micro_batches=micro_batches, scale=scale, per_token=per_token):
-                self.check(micro_batches, scale, per_token, pretrain_loss_func, recomputes=0)
+                self.check(micro_batches, scale, per_token, pretrain_loss_func, recomputes=[],
+                           factors=[1.0])
 
-    def test_another_loss_func_recomputes(self) -> None:
+    def test_micro_batch_count_changed_after_forward(self) -> None:
+        """The prediction off by a factor (the micro-batch count changed between forward
+        and backward): the backward scales d weight by it, no recompute, right."""
+        data = inputs(offset=30)
+        install(fused_gradient=True)
+        model = make_gpt()
+        hidden = data["hidden"].float().clone().requires_grad_(True)
+        num_microbatches_calculator.set_num_microbatches(2)  # the prediction's count
+        calls: List[int] = []
+        real = linear._recompute_grads
+        with mock.patch.object(linear, "_recompute_grads",
+                               lambda *a, **k: calls.append(1) or real(*a, **k)):
+            output = model(hidden, data["labels"], loss_mask=data["mask"])
+            loss, _ = schedules.forward_step_calc_loss(
+                output, functools.partial(pretrain_loss_func, data["mask"]), model.config, 5)
+            schedules.backward_step(loss, model.config)
+        self.assertEqual(calls, [], "backward recomputes")
+        ours = (output.detach(), hidden.grad, output_weight(model).grad, None)
+        turbo_ce.uninstall()
+        theirs = self.step(make_gpt(torch.float64), data, 5)
+        self.assert_close_all(ours, theirs, "micro-batches 2 predicted, 5 in the backward")
+
+    def test_per_token_weights_are_reported(self) -> None:
+        """A loss_func with per-token weights: not loss_mask times one factor. The backward
+        (on the CPU) raises UnpredictedUpstreamError, which names the switch; with the
+        switch off the step is right (the recompute schedule, four GEMMs)."""
         weights = torch.rand((BATCH, SEQ), generator=S.generator(720)) + 0.5
-        self.check(2, 8.0, False, functools.partial(weighted_loss_func, weights), recomputes=1)
+        loss_func = functools.partial(weighted_loss_func, weights)
+        with self.assertRaisesRegex(_gradient_status.UnpredictedUpstreamError,
+                                    "--no-turbo-ce-fused-gradient"):
+            self.check(2, 8.0, False, loss_func, recomputes=[])
+        turbo_ce.uninstall()
+        self.check(2, 8.0, False, loss_func, recomputes=["all"], fused_gradient=False)
+
+    def test_no_loss_mask_predicts_nothing(self) -> None:
+        """Without a loss mask in GPTModel's call nothing is predicted: the schedule that
+        recomputes the logits, right for the step's upstream."""
+        self.check(2, 2.0, False, pretrain_loss_func, recomputes=["all"], factors=[],
+                   with_mask=False)
 
 
 class TestFallback(OutputLayerTestCase):
@@ -376,6 +436,8 @@ class TestInstall(unittest.TestCase):
     def test_argument(self) -> None:
         parser = turbo_ce.add_turbo_ce_args(argparse.ArgumentParser(), argv=[])
         self.assertFalse(parser.parse_args([]).turbo_ce_fuse_output_layer)
+        # with it, the fused gradient is on by default (three GEMMs in Megatron's step)
+        self.assertTrue(parser.parse_args([]).turbo_ce_fused_gradient)
         self.assertFalse(turbo_ce.load_settings().turbo_ce_fuse_output_layer)
         args = parser.parse_args(["--use-turbo-cross-entropy", "--turbo-ce-fuse-output-layer"])
         self.assertTrue(turbo_ce.settings_from_args(args).turbo_ce_fuse_output_layer)

@@ -143,7 +143,9 @@ class TestRegistration(unittest.TestCase):
     def test_defaults_file(self) -> None:
         with open(cegen_primus.DEFAULTS_FILE, "r", encoding="utf-8") as stream:
             data = yaml.safe_load(stream)
-        self.assertEqual(data, {"use_turbo_cross_entropy": False, "turbo_ce_overwrite_input": False})
+        self.assertEqual(data, {"use_turbo_cross_entropy": False, "turbo_ce_overwrite_input": False,
+                                "turbo_ce_fused_gradient": True,
+                                "turbo_ce_fuse_output_layer": False})
         pyproject = (S.REPO / "python" / "pyproject.toml").read_text(encoding="utf-8")
         self.assertIn("primus_defaults.yaml", pyproject, "the defaults file is not packaged")
         self.assertIn("primus_with_cegen", pyproject, "the launcher is not packaged")
