@@ -539,7 +539,7 @@ def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
             describe(lse, "lse")))
     else:
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
-        lse = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
         if plan.bundle is None:
             return _poisoned(loss), _poisoned(lse)
         if _poison:
@@ -676,7 +676,7 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         if weights.dtype != torch.float32:
             weights = weights.float()  # strides as the plan's: the key holds the input's
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
-        lse = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
+        lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
         grad = None if overwrite else torch.empty_like(logits)
         if plan.bundle is None:
             return _poisoned(loss), _poisoned(lse), _poisoned(grad)
