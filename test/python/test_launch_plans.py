@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import threading
 import unittest
+from types import SimpleNamespace
+from unittest import mock
 
 import _support as S
 import torch
 
 import cegen
 from cegen import _bundle_cache, _kernels, _plans
+from cegen._runtime import Device
 
 V = 24
 
@@ -193,6 +196,51 @@ class TestPlanKeys(unittest.TestCase):
             cegen.cross_entropy(logits, labels)
             cegen.cross_entropy(logits, labels)
         self.assertEqual([name for name, *_ in records], ["logits", "labels", "loss", "lse"] * 2)
+
+
+class TestGpuLaunchWiring(unittest.TestCase):
+    """The GPU branch of a planned launch, which the host tests cannot run: the label
+    poll and the entry point get the device, its current stream and the plan's
+    addresses, and a non-OK status raises through Runtime.check."""
+
+    def launch(self, poll: bool, label_status: int = 0, launch_status: int = 0):
+        calls = []
+        checked = []
+
+        def check(status: int, what: str) -> None:
+            checked.append((status, what))
+            raise cegen.CegenError(f"{what}: status {status}")
+
+        plan = _plans.Plan(_bundle_cache.generation, (3,), torch.device("cpu"),
+                           (Device.CUDA, 1))
+        plan.bundle = SimpleNamespace(handle="handle")
+        plan.runtime = SimpleNamespace(check=check)
+        plan.entry = lambda *args: calls.append(("entry",) + args) or launch_status
+        plan.check_labels = lambda *args: calls.append(("labels",) + args) or label_status
+        plan.options_address = 77
+        plan.addresses = (11, 12, None)
+        with mock.patch.object(_kernels, "_raw_stream", lambda index: 1000 + index):
+            try:
+                _kernels._launch_plan(plan, "cegen forward", poll=poll)
+            except cegen.CegenError:
+                pass
+        return calls, checked
+
+    def test_poll_then_launch_on_the_current_stream(self) -> None:
+        self.assertTrue(_plans.Plan(0, (), None, (Device.CUDA, 0)).gpu)
+        calls, checked = self.launch(poll=True)
+        self.assertEqual(calls, [("labels", Device.CUDA, 1, 1001, 0),
+                                 ("entry", "handle", 77, 11, 12, None, 1001)])
+        self.assertEqual(checked, [])
+        calls, _ = self.launch(poll=False)
+        self.assertEqual(calls, [("entry", "handle", 77, 11, 12, None, 1001)])
+
+    def test_a_status_raises(self) -> None:
+        calls, checked = self.launch(poll=True, label_status=4)
+        self.assertEqual(checked, [(4, "cegen label check")])
+        self.assertEqual([c[0] for c in calls], ["labels"], "launched after a bad label report")
+        _, checked = self.launch(poll=True, launch_status=6)
+        self.assertEqual(checked, [(6, "cegen forward")])
 
 
 if __name__ == "__main__":
