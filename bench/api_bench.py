@@ -32,7 +32,9 @@ bandwidth measured in the same run):
 
 Then the host time per call (bench/host_overhead.py's method: loops queued behind a GPU
 sleep, so only host work counts) of cegen's forward, forward+backward and fused calls, with
-the stages of a forward, and of flash-attention's public function, in the same process.
+the stages of a forward (the launch plan's among them), PyTorch's floor (a trivial
+autograd.Function with cegen's allocations, called the same way: what cegen's Python cannot
+remove), and of flash-attention's public function, in the same process.
 
 Writes OUT/results.json, OUT/table.md and OUT/api.png (matplotlib: time per shape as a
 multiple of the two-pass floor). ``--device cpu`` runs the harness on host kernels with a
