@@ -172,7 +172,7 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
     def plan_call() -> None:
         plan.entry(plan.bundle.handle, plan.options_address, *plan.addresses, stream)
 
-    floor = _floor_function(torch)
+    floor_apply = ops._c_apply(_floor_function(torch))  # as cegen applies its Functions
     token_shape = tuple(labels.shape)
 
     def floor_forward() -> None:
@@ -181,7 +181,7 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
             torch.empty(token_shape, dtype=torch.float32, device=logits.device)
 
     def floor_fwd_bwd() -> None:
-        torch.autograd.grad(floor.apply(x, labels), x, g)
+        torch.autograd.grad(floor_apply(x, labels), x, g)
 
     steps = {
         "stage: options (kernel_options, cached)": lambda: _kernels.kernel_options(*args),
