@@ -108,14 +108,18 @@ public:
 
   /// Writes `grad[j] = scale * (exp(x_j - lse) * c - u)` for every j of the
   /// row, reading `x` from `row` and writing into `grad` (may be the same
-  /// buffer: each element is read before it is written).
+  /// buffer: each element is read before it is written). With `lseLow` the
+  /// exponent is `(x_j - lse) - lseLow`: `lse` is then the row maximum and
+  /// `lseLow` the log of the sum at that scale, kept apart so that the
+  /// exponent's error does not grow with |x| (a rounded f32 lse costs
+  /// |lse| * 2^-24 in every exponent).
   /// `afterStatistics`: the statistics sweep of this row just ran in this
   /// workgroup, so a GPU sweep reads the cached chunks from the row cache
   /// and walks the others from the row's end (the most recently read bytes
   /// are the likeliest still in L2).
   void buildGradientSweep(const RowRef &row, const RowRef &grad, Value vocab,
                           Value lse, Value scale, Value c, Value u,
-                          bool afterStatistics = false);
+                          bool afterStatistics = false, Value lseLow = {});
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);

@@ -274,7 +274,7 @@ SmallVector<Value> RowLoopBuilder::buildScalarLoops(
 void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                                         Value vocab, Value lse, Value scale,
                                         Value c, Value u,
-                                        bool afterStatistics) {
+                                        bool afterStatistics, Value lseLow) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
@@ -285,7 +285,10 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       return s;
     };
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
-    Value p = buildExp(arith::SubFOp::create(b, x, splat(lse)));
+    Value exponent = arith::SubFOp::create(b, x, splat(lse));
+    if (lseLow)
+      exponent = arith::SubFOp::create(b, exponent, splat(lseLow));
+    Value p = buildExp(exponent);
     return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
   auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {

@@ -206,7 +206,8 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
 void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
                                          const LabelInfo &label, Value lse,
                                          Value logProb, Value weight,
-                                         bool afterStatistics) {
+                                         bool afterStatistics, Value rowMax,
+                                         Value logSum) {
   RowRef gradRow = rowOf(grad, token);
   buildIf(
       b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
@@ -223,8 +224,9 @@ void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
           c = arith::AddFOp::create(b, c, zTerm);
         }
         Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
-        rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab, lse,
-                                scale, c, u, afterStatistics);
+        rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab,
+                                rowMax ? rowMax : lse, scale, c, u,
+                                afterStatistics, logSum);
         // The target element is rewritten after every thread's sweep.
         rowBarrier();
         leaderOnly([&] {
@@ -290,7 +292,8 @@ void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
           ? sharedWeight
           : memref::LoadOp::create(b, op.getWeights(), t.indices).getResult();
   buildGradient(t, op.getGrad(), forward.label, forward.lse, forward.logProb,
-                weight, /*afterStatistics=*/true);
+                weight, /*afterStatistics=*/true, forward.rowMax,
+                forward.logSum);
 }
 
 CrossEntropyLowering::TokenForward
@@ -304,14 +307,14 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
   // Megatron's out-of-range label: predicted logit 0 after the max shift.
   if (config.flags)
     shifted = arith::SelectOp::create(b, label.inRow, shifted, rows.f32(0.0f));
-  Value logProb =
-      arith::SubFOp::create(b, shifted, rows.buildLog1p(stats.rest));
+  Value logSum = rows.buildLog1p(stats.rest);
+  Value logProb = arith::SubFOp::create(b, shifted, logSum);
   Value loss = buildLoss(label, stats, lse, logProb);
   leaderOnly([&] {
     memref::StoreOp::create(b, loss, lossOut, t.indices);
     memref::StoreOp::create(b, lse, lseOut, t.indices);
   });
-  return {label, lse, logProb};
+  return {label, lse, logProb, stats.max, logSum};
 }
 
 void lowerRescaleToken(ImplicitLocOpBuilder &b, RowLoopBuilder &rows,

@@ -134,9 +134,13 @@ public:
   /// from the exact log-probability rather than from a rounded p_y - 1.
   /// `afterStatistics`: the row was just swept (the fused op), so the GPU
   /// sweep starts from the row's end, whose bytes are likeliest in L2.
+  /// `rowMax` and `logSum` (the fused op, which has the unrounded
+  /// statistics): the sweep's exponent is `(x - rowMax) - logSum` instead of
+  /// `x - lse`, so its error does not grow with the logits' magnitude.
   void buildGradient(const Token &token, Value grad, const LabelInfo &label,
                      Value lse, Value logProb, Value weight,
-                     bool afterStatistics = false);
+                     bool afterStatistics = false, Value rowMax = {},
+                     Value logSum = {});
 
   /// Work done once per op, before any token: the fused op's scalar weight
   /// is loaded once.
@@ -163,6 +167,8 @@ public:
     LabelInfo label;
     Value lse;
     Value logProb; ///< log p_y from the unrounded statistics
+    Value rowMax;  ///< max_j x_j
+    Value logSum;  ///< log(sum_j exp(x_j - rowMax)), lse's unrounded part
   };
 
   /// Statistics sweep, loss, and the loss and lse stores of one token.

@@ -146,6 +146,35 @@ class TestRescaleKernel(unittest.TestCase):
 
 
 @S.requires_kernels
+class TestLargeLogits(unittest.TestCase):
+    """The fused gradient keeps the row maximum and the log of the sum apart (issue 23 item
+    3): its error does not grow with the logits' magnitude, up to rows of equal 3e38s."""
+
+    def test_offsets(self) -> None:
+        n, v = 16, 1000
+        labels = S.random_labels((n,), v, offset=501)
+        for index, offset in enumerate((1e4, 1e6, 1e7, 1e30)):
+            with self.subTest(offset=offset):
+                x = (torch.randn((n, v), generator=S.generator(500 + index),
+                                 dtype=torch.float64) + offset).float()
+                _, grad = fused(x, labels, torch.ones(n), torch.ones(n))
+                p = torch.softmax(x.double(), dim=1)
+                p[torch.arange(n), labels] -= 1.0
+                error = ((grad.double() - p).abs().amax(1) / p.abs().amax(1)).max().item()
+                # exp(x - lse) with an f32 lse: 1.6e-5 at 1e4, 1e-3 at 1e6 (the issue).
+                self.assertLess(error, 1e-6, f"relative row error {error:.3g}")
+
+    def test_equal_huge_row(self) -> None:
+        v = 40
+        x = torch.full((3, v), 3e38)
+        labels = torch.tensor([0, 7, 39])
+        _, grad = fused(x, labels, torch.ones(3), torch.ones(3))
+        expected = torch.full((3, v), 1.0 / v)
+        expected[torch.arange(3), labels] -= 1.0
+        torch.testing.assert_close(grad, expected, rtol=1e-6, atol=0)
+
+
+@S.requires_kernels
 class TestZeroWeight(unittest.TestCase):
     """A token with weight 0 and upstream gradient != 0: NaN row, one report."""
 

@@ -67,7 +67,9 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
                    double targetLogProb, double scale,
                    const ReferenceOptions &options, double *grad,
-                   double *termScale) {
+                   double *termScale, const RowStats *exact) {
+  double lseMagnitude =
+      exact ? std::fabs(std::log1p(exact->rest)) : std::fabs(lse);
   if (isIgnored(label, options)) {
     for (int64_t j = 0; j < vocab; ++j) {
       grad[j] = 0.0;
@@ -91,13 +93,16 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
             (std::fabs(pMinusOne) * std::fabs(zScale) + std::fabs(zTerm) + s);
       continue;
     }
-    double p = std::exp(row[j] - lse);
+    double exponent = exact ? (row[j] - exact->max) - std::log1p(exact->rest)
+                            : row[j] - lse;
+    double p = std::exp(exponent);
     grad[j] = scale * (p * zScale - uniform);
     if (termScale) {
-      // p_j = exp(x_j - lse) in fp32 carries the rounding of lse and of the
-      // difference: relative error ~ (|lse| + |x_j - lse|) ulps.
+      // p_j = exp(x_j - lse) in fp32 carries the rounding of lse (or of the
+      // log of the sum, lseMagnitude) and of the difference: relative error
+      // ~ (lseMagnitude + |x_j - lse|) ulps.
       double pError =
-          p == 0.0 ? 0.0 : p * (2.0 + std::fabs(lse) + std::fabs(row[j] - lse));
+          p == 0.0 ? 0.0 : p * (2.0 + lseMagnitude + std::fabs(exponent));
       termScale[j] = std::fabs(scale) * (pError * std::fabs(zScale) + uniform);
     }
   }

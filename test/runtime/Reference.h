@@ -77,10 +77,19 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 /// formed without cancellation (expm1, and 2 z lse directly). A few ulps of
 /// it are the error floor of an fp32 kernel; it matters only where the
 /// terms cancel (p_j c ~ s/V).
+/// `exact`: the row's exact statistics, for a kernel that keeps the
+/// maximum and the log of the sum apart (fused): p_j is then
+/// exp((x_j - max) - log1p(rest)), which float64 keeps exact at any
+/// magnitude (x_j - lse is not: near 2^100 a double lse has lost the log of
+/// the sum), and `termScale` allows the ulps of log1p(rest) rather than of
+/// |lse|, so that the allowance does not grow with the logits' magnitude.
+/// Without it p_j is exp(x_j - lse) from the given (f32) lse, and |lse|'s
+/// ulps are allowed (backward).
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
                    double targetLogProb, double scale,
                    const ReferenceOptions &options, double *grad,
-                   double *termScale = nullptr);
+                   double *termScale = nullptr,
+                   const RowStats *exact = nullptr);
 
 } // namespace ce::test
 
