@@ -308,7 +308,7 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
     if not traced:
         # Nothing traces this call: the kernels directly, with the options checked above.
         if not needs_grad:
-            return _kernels.forward(logits, labels, options, checked=True)[0]
+            return _kernels.forward(logits, labels, options, True)[0]
         if grad_weights is not None:
             # A tensor that needs no gradient is passed as is (no detached alias): an
             # upstream gradient that is this tensor is then known to be the weights.
