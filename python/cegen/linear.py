@@ -28,9 +28,10 @@ Schedules (none of them reads a device value on the host):
   ``loss_mask * c'``) and multiplies ``d weight`` by ``r`` where it holds, or by NaN where it
   does not, with a lazy :class:`~cegen._gradient_status.UnpredictedUpstreamError` (raised by
   the next cegen call, by :func:`cegen._gradient_status.check_fused_gradients`, or on the CPU
-  by the backward itself): three GEMMs, never a silently wrong gradient. With ``grad_weights_exact=True``
-  such a ``g`` recomputes ``d weight`` (and ``d bias``) instead: each chunk's logits and the
-  backward kernel with ``g``, two more GEMMs (five in all), right for any ``g``.
+  by the backward itself): three GEMMs, never a silently wrong gradient. With
+  ``grad_weights_exact=True`` such a ``g`` recomputes ``d weight`` (and ``d bias``) instead:
+  each chunk's logits and the backward kernel with ``g``, two more GEMMs (five in all), right
+  for any ``g``.
 * otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
@@ -349,10 +350,10 @@ def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
         del grad_weight, grad_bias  # released before the recompute allocates its own
         return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
                                 ctx.options, ctx.chunk, grad_hidden=grad_hidden)
-    # g = r * grad_weights, checked on the device: d weight (a sum over the tokens) is r times
-    # the forward's; where it is not, NaN and a lazy error (no host read to choose otherwise).
     if ratio.numel() == 0:
         return grad_hidden, grad_weight, grad_bias  # no token: nothing to scale
+    # g = r * grad_weights, checked on the device: d weight (a sum over the tokens) is r times
+    # the forward's; where it is not, NaN and a lazy error (no host read to choose otherwise).
     factor, bad = _common_factor(grad_loss, weights, ratio)
     for grad in (grad_weight, grad_bias):
         if grad is not None:

@@ -306,7 +306,8 @@ class LinearCrossEntropyTest(unittest.TestCase):
             with self.assertRaisesRegex(
                     _gradient_status.ZeroWeightGradientError,
                     r"non-zero for 5 token\(s\) whose grad_weights entry was 0 \(fused 4\).*; "
-                    r"and linear_cross_entropy: the upstream gradient of 2 token\(s\) \(linear 3\)"):
+                    r"and linear_cross_entropy: the upstream gradient of 2 token\(s\) "
+                    r"\(linear 3\)"):
                 _gradient_status.poll(device)
             _gradient_status.poll(device)  # reported once
 
