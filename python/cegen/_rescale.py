@@ -120,9 +120,12 @@ def _rescale_with_kernel(grad: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
     if found is None:
         return False
     bundle, options = found
-    get_runtime().rescale(bundle, options, _kernels.describe(grad, "grad"),
-                          _kernels.describe(w, "grad_weights"),
-                          _kernels.describe(g, "grad_loss"), _kernels._stream(grad.device))
+    # Names of their own: tests that record descriptors tell this call from the
+    # forward's and backward's kernels.
+    get_runtime().rescale(bundle, options, _kernels.describe(grad, "rescale grad"),
+                          _kernels.describe(w, "rescale weights"),
+                          _kernels.describe(g, "rescale grad_loss"),
+                          _kernels._stream(grad.device))
     return True
 
 

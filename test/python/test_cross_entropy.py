@@ -246,6 +246,7 @@ class TestFused(unittest.TestCase):
         ops = {name for name, *_ in records}
         self.assertIn("grad_weights", ops, "the fused kernel did not run")
         self.assertNotIn("grad_loss", ops, "a backward kernel ran in fused mode")
+        self.rescaled = "rescale grad" in ops  # the correction kernel (ce_rescale) ran
         return loss, leaf.grad
 
     def test_scalar_weight_matching_the_mean(self) -> None:
@@ -271,6 +272,7 @@ class TestFused(unittest.TestCase):
         weights = torch.rand((3, 5), generator=S.generator(10)) + 0.5
         upstream = torch.rand((3, 5), generator=S.generator(11)) + 0.5
         _, grad = self.fused(weights, lambda loss: (loss * upstream).sum(), label_smoothing=0.1)
+        self.assertTrue(self.rescaled, "an upstream gradient unlike the weights: no rescale")
         _, ref_grad = S.reference(self.logits, self.labels, grad_loss=upstream, label_smoothing=0.1)
         S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[torch.float32], "gradient")
 
