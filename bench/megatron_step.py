@@ -25,9 +25,12 @@ Configurations, each on a fresh model built from the same seed and fed the same 
 * ``megatron-native``: ``--cross-entropy-loss-fusion``, ``cross_entropy_fusion_impl='native'``
   (Megatron-Core's fused loss, compiled by ``torch.compile``);
 * ``megatron-te``: the same with ``'te'`` (Transformer Engine; skipped where TE is absent);
-* ``cegen``: ``--use-turbo-cross-entropy`` (fusion on, impl native);
-* ``cegen-overwrite``: with ``--turbo-ce-overwrite-input``;
-* ``cegen-overwrite-fused``: with ``--turbo-ce-overwrite-input --turbo-ce-fused-gradient``.
+* ``cegen``: ``--use-turbo-cross-entropy --no-turbo-ce-fused-gradient`` (fusion on, impl
+  native; the two-kernel path: forward, then backward);
+* ``cegen-overwrite``: the same with ``--turbo-ce-overwrite-input``;
+* ``cegen-overwrite-fused``: with ``--turbo-ce-overwrite-input --turbo-ce-fused-gradient``
+  (the default since the fused gradient's correction is a kernel: the fused kernel in the
+  forward, ``ce_rescale`` in the backward).
 
 The patch is installed through ``cegen.megatron.add_turbo_ce_args`` on a real argparse parser
 and ``install``, as a training script does.
@@ -97,8 +100,9 @@ CONFIGS: Dict[str, Tuple[bool, str, Optional[List[str]]]] = {
     "megatron-unfused": (False, "native", None),
     "megatron-native": (True, "native", None),
     "megatron-te": (True, "te", None),
-    "cegen": (True, "native", []),
-    "cegen-overwrite": (True, "native", ["--turbo-ce-overwrite-input"]),
+    "cegen": (True, "native", ["--no-turbo-ce-fused-gradient"]),
+    "cegen-overwrite": (True, "native", ["--turbo-ce-overwrite-input",
+                                         "--no-turbo-ce-fused-gradient"]),
     "cegen-overwrite-fused": (True, "native", ["--turbo-ce-overwrite-input",
                                                "--turbo-ce-fused-gradient"]),
 }
@@ -698,9 +702,11 @@ def run_config(backend: Any, clock: Clock, args: argparse.Namespace, name: str, 
             if names:
                 run["fused_kernel_ran"] = any(n.startswith("ce_fused") for n in names)
                 run["backward_kernel_ran"] = any(n.startswith("ce_backward") for n in names)
+                run["rescale_kernel_ran"] = any(n.startswith("ce_rescale") for n in names)
             elif tensors:
                 run["fused_kernel_ran"] = "grad_weights" in tensors
                 run["backward_kernel_ran"] = "grad_loss" in tensors
+                run["rescale_kernel_ran"] = "rescale grad" in tensors
     finally:
         counter.remove()
         logging.getLogger("cegen.megatron").removeHandler(records)
