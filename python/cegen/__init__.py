@@ -37,6 +37,7 @@ from ._errors import (
     RuntimeLibraryError,
     VariantNotFoundError,
 )
+from ._gradient_status import UnpredictedUpstreamError, ZeroWeightGradientError
 from ._kernels import check_labels
 from ._library import HAS_CUSTOM_OP
 from ._ownership import OverwriteRefusedWarning, reset_overwrite_warnings
@@ -72,6 +73,8 @@ __all__ = [
     "VariantNotFoundError",
     "RuntimeLibraryError",
     "CeGenToolError",
+    "ZeroWeightGradientError",
+    "UnpredictedUpstreamError",
     "OverwriteRefusedWarning",
     "reset_overwrite_warnings",
 ]
