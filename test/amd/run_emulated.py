@@ -8,6 +8,9 @@ tinygrad's mock AMD GPU (test/amd/emulator.py). The numerics are test/gpu/test_h
 its Problem (inputs, views, special rows, Megatron labels), its float64 reference and
 tolerances, its run_case and bad-label checks with option values drawn per case (run_kernel), on its CASES as they are (``--case-set h200``)
 or at smaller shapes (``small``), plus a case of rows whose probabilities are f32 subnormals.
+The rescale kernels (op=rescale, ``ce_rescale``) run test/amd/rescale_cases.py's cases
+(RescaleTest.cpp's contract: every (g, w) pair kind, strided and stride-0 upstream gradients,
+0-d weights), and ``--mutate`` changes one comparison, then one bit, of a rescale kernel too.
 Run from the repository root with Debian's python3 (it has torch)::
 
     /usr/bin/python3 test/amd/run_emulated.py --tinygrad /path/to/tinygrad \\
@@ -36,6 +39,8 @@ from typing import Dict, List
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 sys.path.insert(0, str(REPO / "test" / "amd"))
+
+import rescale_cases as rescale  # noqa: E402
 
 #: gcnArchName of each chip's device, as the runtime reads it (the suffix is dropped).
 CHIPS = {"gfx942": "gfx942:sramecc+:xnack-", "gfx950": "gfx950:sramecc+:xnack-",
@@ -69,11 +74,15 @@ BUNDLE_SETS = {
         "overwrite": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
                       "--layout=flat,sbv_sb", "--label-smoothing=on", "--z-loss=on",
                       "--overwrite=1", "--weights=token"],
+        # The fused gradient's correction: one kernel per dtype and layout (its key's other
+        # fields are canonical).
+        "rescale": ["--op=rescale", "--logits=bf16,f16,f32", "--layout=flat,sbv_bs,sbv_sb"],
     },
     "smoke": {
         "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",
                   "--layout=sbv_bs", "--label-smoothing=on", "--z-loss=on", "--overwrite=0",
                   "--weights=token"],
+        "rescale": ["--op=rescale", "--logits=bf16,f32", "--layout=sbv_bs"],
     },
 }
 
@@ -229,7 +238,7 @@ def make_harness(h200, runtime: str, bundle_dirs: List[Path], chip: str, index: 
 
 
 def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
-             filter_text: str, bad_labels: bool, results: Dict) -> None:
+             filter_text: str, bad_labels: bool, results: Dict, rescale_cases: list) -> None:
     report = h200.Report()
     instrumented.chip = chip
     keys = sorted(k for k in harness.kernels if filter_text in k)
@@ -237,13 +246,24 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     launches_before = len(emulator.launches)
     gfx90a_before = dict(emulator.gfx90a.decoded)
     log(f"{chip}: {len(keys)} kernels x {len(cases)} cases"
-        f"{' + 4 bad-label cases' if bad_labels else ''}")
+        f"{' + 4 bad-label cases' if bad_labels else ''} (rescale kernels: "
+        f"{len(rescale_cases)} cases of test/amd/rescale_cases.py)")
     coverage: Dict[str, set] = {}
+    rescale_kernels = rescale_checks = 0
     for index, text in enumerate(keys):
         before = report.failures
         t0 = time.time()
-        # test_h200's loop: each case with option values of its own, then the bad labels.
-        h200.run_kernel(harness, report, text, cases, seed, bad_labels, coverage)
+        if text.startswith("op=rescale,"):
+            rescale_kernels += 1
+            checks_before = report.checks
+            rescale.run_kernel(harness, report, text, rescale_cases, seed, h200.mix,
+                               lambda what, ratio, where: instrumented.worst.note(
+                                   f"{chip} {what}", ratio, where)
+                               if instrumented.recording else None)
+            rescale_checks += report.checks - checks_before
+        else:
+            # test_h200's loop: each case with option values of its own, then the bad labels.
+            h200.run_kernel(harness, report, text, cases, seed, bad_labels, coverage)
         failed = report.failures - before
         log(f"  [{'FAIL' if failed else ' ok '}] {index + 1}/{len(keys)} {text} "
             f"({time.time() - t0:.1f} s)")
@@ -252,6 +272,8 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
                   for name, n in emulator.gfx90a.decoded.items() if n > gfx90a_before.get(name, 0)}
     results[chip] = {
         "kernels": len(keys), "checks": report.checks, "failures": report.failures,
+        # op=rescale's share: one check per gradient element, plus status, padding, inputs
+        "rescale_kernels": rescale_kernels, "rescale_checks": rescale_checks,
         "failed_kernels": sorted(report.failed_kernels)[:50], "launches": len(launches),
         "subnormal_elements_flushed": instrumented.flushed.get(chip, 0),
         # gfx90a-only instructions run through the launcher's layer (decoded per launch)
@@ -263,7 +285,8 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     }
     log(f"{chip}: option values covered {json.dumps(results[chip]['coverage'])}")
     log(f"{chip}: {len(keys)} kernels, {len(launches)} launches, {report.checks} checks, "
-        f"{report.failures} failures, {instrumented.flushed.get(chip, 0)} subnormal gradient "
+        f"{report.failures} failures ({rescale_kernels} rescale kernels: {rescale_checks} "
+        f"checks), {instrumented.flushed.get(chip, 0)} subnormal gradient "
         f"elements flushed by the emulator, {time.time() - started:.0f} s")
     if gfx90a_ops:
         log(f"{chip}: gfx90a-only instructions run by the launcher's layer (decoded per launch): "
@@ -403,6 +426,91 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
                                                 "unmutated_failures": report.failures}
 
 
+def mutation_check_rescale(emulator, harness, chip: str, seed: int, cases, results: Dict,
+                           mix) -> None:
+    """Runs a rescale kernel with one comparison of its code changed (as mutation_check does:
+    in the code object the emulator maps), then one bit of its ratio, on rescale_cases.py's
+    cases and shows the check fail; then the unchanged kernel on the same inputs. Both
+    comparisons differ from the right one only for a NaN upstream gradient, so what fails is
+    the contract's NaN row; the negated ratio fails every rescaled element (and a negated
+    quotient, which the fixup's sign rule undoes, is a control that must pass)."""
+    import hashlib
+    import struct
+
+    from emulator import decode_name
+
+    texts = sorted(k for k in harness.kernels if k.startswith("op=rescale,"))
+    if not texts:
+        log("mutation: no rescale kernel in the bundles")
+        return
+    text = texts[0]
+    bundle = harness.kernels[text]
+    manifest = json.loads((Path(bundle.path) / "manifest.json").read_text())
+    kernel = next(k for k in manifest["kernels"] if k["key"] == text and k["target"] == chip)
+    image = (Path(bundle.path) / kernel["object"]).read_bytes()
+    co = emulator._code_object(image)
+    symbol = kernel["symbol"]
+    digest = hashlib.sha256(image).hexdigest()
+
+    def patched(at: int, word: int):
+        patch = struct.pack("<I", word)
+        return patch, decode_name(emulator.emu, patch + co.image[at + 4:at + 16], co.chip)[0]
+
+    mutations = []
+    # The row skip, g == w: v_cmp_eq_f32 (VOPC, op bits 24:17: 0x42, ordered equal; a NaN g
+    # is not equal, so its row is rescaled into NaN) becomes v_cmp_nlg_f32 (0x4a, unordered
+    # or equal): a NaN g then skips its row.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: name == "V_CMP_EQ_F32_E32")
+    word = struct.unpack_from("<I", image, at)[0]
+    mutations.append((at, inst) + patched(at, (word & ~(0xFF << 17)) | (0x4A << 17)))
+    # The ratio's select, g != 0: v_cmp_neq_f32_e64 (VOP3, op bits 25:16: 0x4d, unordered
+    # not-equal) becomes v_cmp_lg_f32 (0x45, ordered): a NaN g then gets the ratio 0.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: "CMP_NEQ_F32" in name and len(raw) == 8)
+    word = struct.unpack_from("<I", image, at)[0]
+    mutations.append((at, inst) + patched(at, (word & ~(0x3FF << 16)) | (0x45 << 16)))
+    # The ratio: the negate bit of v_div_fixup_f32's third source, the numerator g (VOP3 bit
+    # 63), set: the fixup gives the quotient the sign of numerator times denominator, so every
+    # rescaled row gets -g/w, which the float64 comparison sees. (Negating its first source,
+    # the quotient, changes nothing, for the same reason: a control, run first.)
+    try:
+        at, inst = find_instruction(emulator, co, symbol,
+                                    lambda name, raw: name.startswith("V_DIV_FIXUP_F32"))
+        word = struct.unpack_from("<I", image, at + 4)[0]
+        for bit, was, now in ((29, "q, w, g", "-q, w, g"), (31, "q, w, g", "q, w, -g")):
+            mutations.append((at + 4, f"{inst} {was}", struct.pack("<I", word | (1 << bit)),
+                              f"{inst} {now}"))
+    except LookupError:
+        log(f"mutation ({chip}): {symbol} has no v_div_fixup_f32")
+    outcome = []
+    for at, before, patch, after in mutations:
+        emulator.mutation = (digest, at, patch)
+        emulator.mutation_executed = False
+        report = h200_report()
+        rescale.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+        emulator.mutation = None
+        executed = emulator.mutation_executed
+        outcome.append({"file_offset": at, "before": before, "after": after,
+                        "executed": executed, "checks": report.checks,
+                        "failures": report.failures})
+        log(f"mutation ({chip}, {symbol} {text}, instruction at byte {at}): {before} -> "
+            f"{after}: {'executed' if executed else 'NOT EXECUTED'}, {report.failures} of "
+            f"{report.checks} checks fail{'' if report.failures else ' (not detected)'}")
+    report = h200_report()
+    rescale.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+    log(f"mutation ({chip}, rescale): unmutated on the same inputs: {report.failures} of "
+        f"{report.checks} checks fail")
+    results.setdefault("mutation_rescale", {})[chip] = {
+        "kernel": text, "mutations": outcome, "unmutated_failures": report.failures}
+
+
+def h200_report():
+    import test_h200
+
+    return test_h200.Report()
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -469,6 +577,8 @@ def main() -> int:
     if args.cases:
         wanted = args.cases.split(",")
         cases = [c for c in cases if c.name in wanted]
+    rescale_set = [c for c in rescale.CASES
+                   if args.set != "smoke" or c.name in rescale.SMOKE_CASES]
     results: Dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed,
                      "tinygrad": commit, "command": " ".join(sys.argv), "set": args.set,
                      "cases": [c.name for c in cases]}
@@ -476,10 +586,12 @@ def main() -> int:
         bundles = make_bundles(Path(args.ce_gen), work, chip, args.set)
         harness = make_harness(h200, runtime, bundles, chip, indices[chip])
         run_chip(h200, emulator, instrumented, harness, chip, cases, seed, args.filter,
-                 not args.no_bad_labels, results)
+                 not args.no_bad_labels, results, rescale_set)
         if args.mutate:
             instrumented.recording = False
             mutation_check(h200, emulator, harness, chip, seed, results)
+            mutation_check_rescale(emulator, harness, chip, seed, rescale_set, results,
+                                   h200.mix)
             instrumented.recording = True
         results["worst"] = {k: [round(v[0], 4), v[1]] for k, v in instrumented.worst.values.items()}
         (work / f"results-{args.set}-{'-'.join(chips)}.json").write_text(
