@@ -464,6 +464,12 @@ def mutation_check_rescale(emulator, harness, chip: str, seed: int, cases, resul
                                 lambda name, raw: name == "V_CMP_EQ_F32_E32")
     word = struct.unpack_from("<I", image, at)[0]
     mutations.append((at, inst) + patched(at, (word & ~(0xFF << 17)) | (0x4A << 17)))
+    # The early exit itself: the s_cbranch_vccnz after that compare becomes s_nop 0, so rows
+    # with g == w are rescaled too: by 1 (bitwise the same) or, where g == w == 0, by the
+    # ratio 0, which zeroes the row and its -0/+0 twin: what the untouched-row check sees.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: name == "S_CBRANCH_VCCNZ")
+    mutations.append((at, inst) + patched(at, 0xBF800000))
     # The ratio's select, g != 0: v_cmp_neq_f32_e64 (VOP3, op bits 25:16: 0x4d, unordered
     # not-equal) becomes v_cmp_lg_f32 (0x45, ordered): a NaN g then gets the ratio 0.
     at, inst = find_instruction(emulator, co, symbol,
