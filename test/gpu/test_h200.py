@@ -442,11 +442,17 @@ class Problem:
                     # Huge values 2^94 apart (f16: 512) around 2^100.
                     unit = 512.0 if f16 else 2.0 ** 94
                     x[t] = self.round(unit * (64.0 + x[t].round().clamp(-8, 8)))
-                elif t == 6:
+                if t in (4, 5):
+                    # The label at a maximum: the loss is log(ties), of order 1,
+                    # so its 1e-5 tolerance sees the re-sweep's count of the
+                    # maximum's ties (the workgroup's merges of the thread states);
+                    # with another label the loss is about |max| and hides it.
+                    labels[t] = int(torch.argmax(x[t]))
+                if t == 6:
                     # A first half far below the rest: the running maximum
                     # starts below -2^24 and then grows.
                     x[t, :v // 2] = self.round(x[t, :v // 2] - 1.0e30)
-                else:
+                elif t == 7:
                     # Every other value near -FLT_MAX (f16: -65504): a small
                     # maximum, but the plain row sum overflows f32, so
                     # smoothing's mean comes from the shifted re-sweep.
