@@ -11,11 +11,14 @@ or at smaller shapes (``small``), plus a case of rows whose probabilities are f3
 The rescale kernels (op=rescale, ``ce_rescale``) run test/amd/rescale_cases.py's cases
 (RescaleTest.cpp's contract: every (g, w) pair kind, strided and stride-0 upstream gradients,
 0-d weights), and ``--mutate`` changes one comparison, then one bit, of a rescale kernel too.
+The tensor-parallel kernels run test/amd/shard_cases.py's cases: ``shard_stats`` kernels, and
+the backward kernels without z-loss or overwrite called on a vocabulary slice (``--shard-only``:
+those alone); ``--mutate`` also changes executed instructions of a shard_stats kernel.
 Run from the repository root with Debian's python3 (it has torch)::
 
     /usr/bin/python3 test/amd/run_emulated.py --tinygrad /path/to/tinygrad \\
         [--targets gfx942,gfx950,gfx90a] [--set full|smoke] [--case-set h200|small] \\
-        [--filter TEXT] [--mutate]
+        [--filter TEXT] [--mutate] [--shard-only]
 
 tinygrad is never part of this repository: pass a checkout of tinygrad/tinygrad (its
 ``test/mockgpu/amd/emu.py``); without one the script prints SKIP and exits 0. Bundles are made
