@@ -13,7 +13,8 @@ Schedules (none of them reads a device value on the host):
   upstream gradient is one number ``g``; the fused kernel computes the loss and the gradient
   with the reduction's weight (``1 / count`` of the tokens not ignored, or 1) in the
   forward, which also finishes ``d hidden`` and ``d weight``: three GEMMs in all, and the
-  backward multiplies them by ``g`` on the device.
+  backward multiplies them by ``g`` on the device (cegen's rescale kernel: untouched when
+  ``g`` is exactly 1, as ``loss.backward()`` gives; one pass over them otherwise).
 * ``grad_weights`` given (the upstream gradient each token's loss will receive): the fused
   kernel runs in the forward with ``w'_t = w_t`` (1 where ``w_t = 0``), ``d hidden`` from
   that gradient and ``d weight`` from it with the rows of the zero-weight tokens left out.
@@ -35,6 +36,11 @@ Schedules (none of them reads a device value on the host):
 * otherwise the forward keeps only the per-token log-sum-exp, and the backward recomputes
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
+
+Chunks (:func:`default_chunk_tokens`): at most 256 MiB of logits, the tokens split into
+equal chunks of a multiple of 128 where the bytes allow (1024 tokens at V = 128256 in bf16).
+d weight is written by the first chunk's GEMM and accumulated by the others (no zero fill);
+the memory beyond the inputs is d hidden, d weight and one chunk of logits.
 
 Vocabulary-parallel weights (``tp_group``): each rank holds its vocabulary slice of the
 weight, ``[V_local, H]``, and the same hidden states and (global) labels. Per chunk the
@@ -621,7 +627,8 @@ def linear_cross_entropy(
             ``grad_weights`` (four GEMMs) than with the exact recompute (five), which is for
             callers whose prediction is usually the upstream's own tensor and who must
             never fail otherwise.
-        chunk_tokens: tokens per chunk (default: 256 MiB of logits).
+        chunk_tokens: tokens per chunk (default: :func:`default_chunk_tokens`, at most
+            256 MiB of logits in equal chunks).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
         tp_group: the ``torch.distributed`` process group the vocabulary is split over
