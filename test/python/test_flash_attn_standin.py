@@ -213,5 +213,71 @@ class FutureCegenTest(unittest.TestCase):
             cegen.cross_entropy = original
 
 
+_SYNTHETIC_TEST_FILE = """
+import pytest
+import torch
+from flash_attn.losses.cross_entropy import CrossEntropyLoss
+
+is_sm8x = torch.cuda.get_device_capability("cuda")[0] >= 8
+
+
+@pytest.mark.parametrize("dtype", [torch.float32] + ([torch.bfloat16] if is_sm8x else []))
+@pytest.mark.parametrize("logit_scale", [1.0, 0.5])
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_synthetic(smoothing, logit_scale, dtype):
+    if smoothing == 0.2 and dtype == torch.bfloat16:
+        pytest.skip("skipped by the file")
+    x = torch.randn(4096, 300, device="cuda", dtype=dtype, requires_grad=True)
+    y = torch.randint(0, 300, (4096,), device="cuda")
+    y[torch.randperm(4096)[:10]] = -100
+    assert x.shape[0] == ROWS and x.device.type == "cpu" and y.device.type == "cpu"
+    out = CrossEntropyLoss(label_smoothing=smoothing, logit_scale=logit_scale)(x, y)
+    ref = torch.nn.CrossEntropyLoss(label_smoothing=smoothing)(x.double() * logit_scale, y)
+    assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-6)
+    assert smoothing == 0.0, "a failure the runner counts"
+"""
+
+
+@S.requires_kernels
+class RunnerTest(unittest.TestCase):
+    """test/compat/run_flash_attn_tests.py on a small file written like flash-attention's:
+    the grid expanded, the file's skip, device "cuda" mapped to the CPU and the rows capped,
+    the outcomes counted by reason, the exit status."""
+
+    def test_counts_of_a_synthetic_test_file(self) -> None:
+        import contextlib
+        import importlib.util
+        import io
+        import os
+
+        spec = importlib.util.spec_from_file_location(
+            "run_flash_attn_tests", S.REPO / "test" / "compat" / "run_flash_attn_tests.py")
+        runner = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(runner)
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "test_synthetic.py")
+            with open(path, "w") as handle:
+                handle.write(_SYNTHETIC_TEST_FILE.replace("ROWS", "64"))
+            printed = io.StringIO()
+            saved_pytest = sys.modules.get("pytest")
+            try:
+                with contextlib.redirect_stdout(printed):
+                    status = runner.main([path, "--device=cpu", "--max-rows=64",
+                                          f"--cache-dir={S._CACHE}"])
+            finally:
+                if saved_pytest is None:
+                    sys.modules.pop("pytest", None)
+        text = printed.getvalue()
+        # 8 cases: 2 skipped (smoothing 0.2, bf16); logit_scale 0.5 not expressible (3 run);
+        # smoothing 0.0 at scale 1 passes (2), smoothing 0.2 at scale 1 fails (1).
+        for row in ("| cases in the grid | 8 |", "| skipped by the test file itself | 2 |",
+                    "| passed | 2 |", "| failed | 1 |", "| error | 0 |",
+                    "| not expressible | 3 |",
+                    "| not expressible, first reason: needs logit_scale | 3 |"):
+            self.assertIn(row, text)
+        self.assertIn("a failure the runner counts", text)
+        self.assertEqual(status, 1)
+
+
 if __name__ == "__main__":
     unittest.main()
