@@ -30,12 +30,19 @@ labels ~ U[0, V), forward and backward producing d hidden and d weight):
   with ``loss.mean()``, autograd;
 * ``cegen linear (mean)``: ``cegen.linear_cross_entropy(..., reduction="mean")``: the fused
   kernel finishes the gradients in the forward (three GEMMs), the backward scales them;
+* ``cegen linear (mean, upstream 2)``: the same, ``(loss * 2).backward()``: the backward
+  scales d hidden and d weight by 2 (one pass over d weight; an upstream of exactly 1
+  leaves them untouched);
 * ``cegen linear (token, grad_weights)``: per-token loss with ``grad_weights=g`` and
   ``loss.backward(g)`` (the same tensor): three GEMMs;
+* ``cegen linear (token, grad_weights, upstream 2 g)``: the same forward,
+  ``loss.backward(2 * g)`` (another tensor, as Megatron's loss mask times a number): the
+  factor 2 found and checked on the device, d weight scaled by it: three GEMMs;
 * ``cegen linear (token, recompute)``: per-token loss, ``loss.backward(g)`` with no
   ``grad_weights``: each chunk's logits recomputed (four GEMMs);
 * ``cegen linear (mean, chunk C)`` for ``--chunks``: the chunk size's time/memory trade-off
-  (the default chunk holds 256 MiB of logits);
+  (the default chunk holds at most 256 MiB of logits, the tokens split into equal chunks of
+  a multiple of 128 tokens: 1024 at V = 128256 in bf16);
 * ``Liger FLCE (mean)``: ``LigerFusedLinearCrossEntropyFunction.apply(h, W, labels)``
   (reduction mean, its defaults); ``CCE (mean)``: ``cut_cross_entropy.linear_cross_entropy(
   h, W, labels)`` (reduction mean, its defaults, gradient filtering included).
@@ -399,9 +406,20 @@ def main() -> int:
                                            chunk_tokens=chunk, bundle=args.bundle).backward()
             return step
 
+        def linear_mean_scaled() -> None:
+            # an upstream other than 1 (a loss scale): d weight and d hidden scaled once
+            (cegen.linear_cross_entropy(hidden, weight, labels, reduction="mean",
+                                        bundle=args.bundle) * 2.0).backward()
+
         def linear_token_fused() -> None:
             cegen.linear_cross_entropy(hidden, weight, labels, grad_weights=upstream,
                                        bundle=args.bundle).backward(upstream)
+
+        def linear_token_multiple() -> None:
+            # Megatron's case: the upstream is grad_weights times a factor, another tensor;
+            # the factor found and checked on the device, d weight scaled by it
+            cegen.linear_cross_entropy(hidden, weight, labels, grad_weights=upstream,
+                                       bundle=args.bundle).backward(upstream * 2.0)
 
         def linear_token_recompute() -> None:
             cegen.linear_cross_entropy(hidden, weight, labels,
@@ -414,7 +432,9 @@ def main() -> int:
         if not long_run:
             impls += [(GEMMS, gemms), (TORCH, torch_ce), ("matmul + cegen", matmul_cegen)]
         impls += [("cegen linear (mean)", linear_mean()),
+                  ("cegen linear (mean, upstream 2)", linear_mean_scaled),
                   ("cegen linear (token, grad_weights)", linear_token_fused),
+                  ("cegen linear (token, grad_weights, upstream 2 g)", linear_token_multiple),
                   ("cegen linear (token, recompute)", linear_token_recompute)]
         if not long_run:
             impls += [(f"cegen linear (mean, chunk {c})", linear_mean(int(c)))

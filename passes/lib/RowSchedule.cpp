@@ -278,6 +278,12 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
+  // With lseLow: exp((x - m) - L) = exp2((x - m) log2 e - L log2 e), one
+  // FMA after the exact subtraction, as many instructions as exp(x - lse)'s
+  // subtraction and scaling; L log2 e (below log2 V) is rounded once per row.
+  Value negLowScaled =
+      lseLow ? arith::MulFOp::create(b, lseLow, f32(-kLog2E)).getResult()
+             : Value();
   auto gradient = [&](Value x, Type type) -> Value {
     auto splat = [&](Value s) -> Value {
       if (isa<VectorType>(type))
@@ -285,10 +291,13 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       return s;
     };
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
-    Value exponent = arith::SubFOp::create(b, x, splat(lse));
-    if (lseLow)
-      exponent = arith::SubFOp::create(b, exponent, splat(lseLow));
-    Value p = buildExp(exponent);
+    Value shifted = arith::SubFOp::create(b, x, splat(lse));
+    Value p = lseLow ? math::Exp2Op::create(
+                           b, math::FmaOp::create(b, shifted,
+                                                  splat(f32(kLog2E)),
+                                                  splat(negLowScaled)))
+                           .getResult()
+                     : buildExp(shifted);
     return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
   auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {

@@ -13,7 +13,8 @@ Schedules (none of them reads a device value on the host):
   upstream gradient is one number ``g``; the fused kernel computes the loss and the gradient
   with the reduction's weight (``1 / count`` of the tokens not ignored, or 1) in the
   forward, which also finishes ``d hidden`` and ``d weight``: three GEMMs in all, and the
-  backward multiplies them by ``g`` on the device.
+  backward multiplies them by ``g`` on the device (cegen's rescale kernel: untouched when
+  ``g`` is exactly 1, as ``loss.backward()`` gives; one pass over them otherwise).
 * ``grad_weights`` given (the upstream gradient each token's loss will receive): the fused
   kernel runs in the forward with ``w'_t = w_t`` (1 where ``w_t = 0``), ``d hidden`` from
   that gradient and ``d weight`` from it with the rows of the zero-weight tokens left out.
@@ -36,6 +37,11 @@ Schedules (none of them reads a device value on the host):
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
 
+Chunks (:func:`default_chunk_tokens`): at most 256 MiB of logits, the tokens split into
+equal chunks of a multiple of 128 where the bytes allow (1024 tokens at V = 128256 in bf16).
+d weight is written by the first chunk's GEMM and accumulated by the others (no zero fill);
+the memory beyond the inputs is d hidden, d weight and one chunk of logits.
+
 Vocabulary-parallel weights (``tp_group``): each rank holds its vocabulary slice of the
 weight, ``[V_local, H]``, and the same hidden states and (global) labels. Per chunk the
 slice's logits give the ``shard_stats`` kernel's statistics, which the single all-reduce of
@@ -52,8 +58,10 @@ parallelism (hidden split over the sequence).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from typing import Any, Optional, Tuple, Union
+import threading
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -61,6 +69,7 @@ from torch.autograd.function import once_differentiable
 from . import _gradient_status, _kernels, _validate
 from ._errors import InvalidInputError
 from ._kernels import KernelOptions, Shard
+from ._log_once import LogOnce
 from .tensor_parallel import (_rank_and_world, _sharded_forward, reduce_and_combine,
                               stats_slots, write_shard_stats)
 
@@ -73,11 +82,31 @@ GradWeights = Union[None, float, int, torch.Tensor]
 DEFAULT_CHUNK_BYTES = 256 << 20
 
 
+#: Chunks of at least this many tokens are made a multiple of it: the GEMMs' tiles (128 or
+#: 256 rows on the H200's cuBLAS kernels) then have no ragged edge in the tokens' dimension.
+CHUNK_ALIGN = 128
+
+
 def default_chunk_tokens(num_tokens: int, vocab: int, element_bytes: int,
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Tokens per chunk: as many as ``chunk_bytes`` of logits hold, at least 1."""
+    """Tokens per chunk: at most as many as ``chunk_bytes`` of logits hold (at least 1),
+    the tokens split into equal chunks, each a multiple of :data:`CHUNK_ALIGN` where the
+    bytes allow (8192 tokens at V = 128256 in bf16: 8 chunks of 1024, not 7 of 1046 and a
+    last one of 870, whose GEMMs leave a tile row mostly empty)."""
+    num_tokens = max(num_tokens, 1)
     per_token = max(1, vocab * element_bytes)
-    return max(1, min(max(num_tokens, 1), chunk_bytes // per_token))
+    cap = max(1, min(num_tokens, chunk_bytes // per_token))
+    if cap >= num_tokens:
+        return num_tokens
+    count = -(-num_tokens // cap)
+    even = -(-num_tokens // count)  # <= cap
+    if cap < CHUNK_ALIGN:
+        return even
+    aligned = -(-even // CHUNK_ALIGN) * CHUNK_ALIGN
+    if aligned <= cap:
+        return aligned
+    down = cap // CHUNK_ALIGN * CHUNK_ALIGN  # more chunks, each aligned: where not much smaller
+    return down if 4 * down >= 3 * cap else even
 
 
 def _chunks(num_tokens: int, chunk: int):
@@ -96,25 +125,38 @@ def _logits_of(hidden: torch.Tensor, weight: torch.Tensor,
 def _accumulate(grad_hidden: torch.Tensor, grad_weight: torch.Tensor,
                 grad_bias: Optional[torch.Tensor], grad_logits: torch.Tensor,
                 hidden: torch.Tensor, weight: torch.Tensor,
-                keep: Optional[torch.Tensor] = None) -> None:
+                keep: Optional[torch.Tensor] = None, first: bool = False) -> None:
     """``d hidden`` of the chunk (None: not wanted) and its share of ``d weight`` (and
     ``d bias``). ``keep``: a per-token 0/1 factor of the rows of ``d weight`` and
-    ``d bias`` (the zero-weight tokens of the fused schedule left out)."""
+    ``d bias`` (the zero-weight tokens of the fused schedule left out). ``first``: the
+    first chunk, whose GEMM writes ``d weight`` (not yet initialized: no zero fill, and no
+    read of it in the GEMM's epilogue)."""
     if grad_hidden is not None:
         torch.matmul(grad_logits, weight, out=grad_hidden)
-    if keep is None:
-        grad_weight.addmm_(grad_logits.t(), hidden)
-        if grad_bias is not None:
-            grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32).to(grad_bias.dtype))
-        return
-    grad_weight.addmm_(grad_logits.t(), hidden * keep[:, None])
+    rows = hidden if keep is None else hidden * keep[:, None]
+    if first:
+        torch.mm(grad_logits.t(), rows, out=grad_weight)
+    else:
+        grad_weight.addmm_(grad_logits.t(), rows)
     if grad_bias is not None:
-        grad_bias.add_(torch.mv(grad_logits.t(), keep))
+        if keep is None:
+            grad_bias.add_(grad_logits.sum(dim=0, dtype=torch.float32).to(grad_bias.dtype))
+        else:
+            grad_bias.add_(torch.mv(grad_logits.t(), keep))
 
 
-def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]):
-    grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros_like(weight)
+def _uninitialized(like: torch.Tensor) -> torch.Tensor:
+    """A buffer that the chunks write before anything reads it (tests poison it)."""
+    return torch.empty_like(like)
+
+
+def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                with_hidden: bool = True):
+    """d hidden (written chunk by chunk; None without ``with_hidden``), d weight (written
+    by the first chunk's GEMM: zeros only when there is no chunk) and d bias (zeros,
+    accumulated)."""
+    grad_hidden = _uninitialized(hidden) if with_hidden else None
+    grad_weight = _uninitialized(weight) if hidden.shape[0] else torch.zeros_like(weight)
     grad_bias = None if bias is None else torch.zeros_like(bias)
     return grad_hidden, grad_weight, grad_bias
 
@@ -126,18 +168,16 @@ def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[
     """The backward that recomputes each chunk's logits: correct for any ``grad_loss``.
     ``grad_hidden`` given (the fused schedule's, already rescaled): only ``d weight`` and
     ``d bias`` are recomputed (two GEMMs per chunk instead of three)."""
-    if grad_hidden is None:
-        grad_hidden, grad_weight, grad_bias = _zero_grads(hidden, weight, bias)
-        own_hidden = True
-    else:
-        _, grad_weight, grad_bias = _zero_grads(hidden[:0], weight, bias)
-        own_hidden = False
+    own_hidden = grad_hidden is None
+    made, grad_weight, grad_bias = _zero_grads(hidden, weight, bias, own_hidden)
+    if own_hidden:
+        grad_hidden = made
     for start, end in _chunks(hidden.shape[0], chunk):
         logits = _logits_of(hidden[start:end], weight, bias)
         _kernels.backward(logits, labels[start:end], lse[start:end], grad_loss[start:end],
                           options, overwrite=True)
         _accumulate(grad_hidden[start:end] if own_hidden else None, grad_weight, grad_bias,
-                    logits, hidden[start:end], weight)
+                    logits, hidden[start:end], weight, first=start == 0)
         del logits  # released before the next chunk's: one chunk of logits at a time
     return grad_hidden, grad_weight, grad_bias
 
@@ -274,7 +314,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                                       overwrite=True)
                 _accumulate(grads[0][start:end], grads[1], grads[2], logits,
                             hidden[start:end], weight,
-                            None if keep is None else keep[start:end])
+                            None if keep is None else keep[start:end], first=start == 0)
             else:
                 loss_c, lse_c = _kernels.forward(logits, labels[start:end], options)
             loss[start:end] = loss_c
@@ -324,42 +364,140 @@ def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
                   kernel_weights: torch.Tensor):
     """The forward's gradients ``ctx.grads`` (for the upstream ``kernel_weights``, the
     zero-weight tokens left out of d weight and d bias), taken from ``ctx``, turned into
-    those of ``grad_loss`` without reading a device value: see the module's docstring."""
+    those of ``grad_loss`` without reading a device value: see the module's docstring.
+    Every scaling is :func:`_scale_rows`: rows whose factor is exactly 1 are not touched
+    (``loss.backward()`` of a mean, a prediction that was right), others are read and
+    written once."""
     # Only these names hold them now, so that a recompute can release d weight first.
     grad_hidden, grad_weight, grad_bias = ctx.grads
     ctx.grads = None
+    bundle = ctx.options.bundle
     if ctx.reduction != "none" or (kernel_weights.dim() == 0 and _is_stride0(grad_loss)):
         # One value for every token on both sides: every gradient is scaled by g_0 / w'_0
         # (a reduction's: by its upstream gradient, the forward's weight being its own).
-        scale = (grad_out.float() if ctx.reduction != "none"
-                 else grad_loss.reshape(-1)[0].float() / kernel_weights)
+        if ctx.reduction != "none":
+            numerator, denominator = grad_out.float().reshape(()), _one(grad_out.device)
+        else:
+            numerator, denominator = grad_loss.reshape(-1)[0].float(), kernel_weights
         for grad in (grad_hidden, grad_weight, grad_bias):
             if grad is not None:
-                # A 0-d factor takes the gradient's dtype (PyTorch's promotion), so a bf16
-                # d weight is multiplied in one dtype, which PyTorch vectorizes; the factor's
-                # rounding (2^-9 relative in bf16, none for 1 or a power of two) adds to the
-                # element's, as cegen._rescale's bf16 ratio does.
-                grad.mul_(scale)
+                _scale_rows(grad, denominator, numerator, bundle)
         return grad_hidden, grad_weight, grad_bias
     # d hidden's row t is w'_t d_t W: g_t / w'_t makes it g_t d_t W, for any g_t.
-    ratio = grad_loss.float() / kernel_weights
-    grad_hidden.mul_(ratio[:, None])
+    _scale_rows(grad_hidden, kernel_weights, grad_loss.float(), bundle)
     if weights.dim() == 1 and _same_memory(grad_loss, weights, ctx.weights_version):
         return grad_hidden, grad_weight, grad_bias  # g is grad_weights: d weight is the answer
     if ctx.exact:  # right for any g: d weight and d bias from g itself
         del grad_weight, grad_bias  # released before the recompute allocates its own
         return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
                                 ctx.options, ctx.chunk, grad_hidden=grad_hidden)
-    if ratio.numel() == 0:
+    if grad_loss.numel() == 0:
         return grad_hidden, grad_weight, grad_bias  # no token: nothing to scale
     # g = r * grad_weights, checked on the device: d weight (a sum over the tokens) is r times
     # the forward's; where it is not, NaN and a lazy error (no host read to choose otherwise).
+    ratio = grad_loss.float() / kernel_weights
     factor, bad = _common_factor(grad_loss, weights, ratio)
     for grad in (grad_weight, grad_bias):
         if grad is not None:
-            grad.mul_(factor)  # 0-d: rounded to the gradient's dtype, as the scale paths
+            _scale_rows(grad, _one(grad.device), factor, bundle)
     _gradient_status.record(bad, _gradient_status.LINEAR_UPSTREAM)  # on the CPU: may raise
     return grad_hidden, grad_weight, grad_bias
+
+
+def _one(device: torch.device) -> torch.Tensor:
+    return torch.ones((), dtype=torch.float32, device=device)
+
+
+#: Elements per row that :func:`_scale_rows` gives the rescale kernel for a contiguous
+#: gradient at most (d weight as rows of this many elements, not of H: fewer rows to
+#: visit where the factor is 1).
+SCALE_ROW_ELEMENTS = 1 << 16
+
+# (dtype, device, bundle, bundle cache generation) -> (bundle, ce_options) of the rescale
+# kernel, or None where there is none (then PyTorch's operations scale).
+_rescale_found: Dict[Tuple[Any, ...], Optional[Tuple[Any, Any]]] = {}
+_rescale_lock = threading.Lock()
+_fallbacks = LogOnce(logging.getLogger("cegen"))
+
+
+def _rescale_kernel(grad: torch.Tensor, bundle: Optional[str]) -> Optional[Tuple[Any, Any]]:
+    """cegen's ``rescale`` kernel for ``grad``'s dtype and device (``[N, V]`` rows): from
+    ``bundle`` when it holds one, else where the fused path's correction finds it."""
+    from . import _bundle_cache
+    from ._runtime import get_runtime
+    from ._variant import rescale_key
+
+    where = (grad.dtype, grad.device, bundle, _bundle_cache.generation)
+    if where in _rescale_found:
+        return _rescale_found[where]
+    found: Optional[Tuple[Any, Any]] = None
+    if grad.dtype in _kernels._LOGITS_DTYPES:
+        try:
+            runtime = get_runtime()
+            if not runtime.has_rescale():
+                raise RuntimeError(f"the runtime library {runtime.path} has no ce_rescale")
+            key = rescale_key(_kernels._LOGITS_DTYPES[grad.dtype][0], "flat")
+            target = _kernels.device_target(grad.device)
+            opened = None
+            if bundle is not None:
+                try:
+                    opened = _bundle_cache.bundle_for(key, bundle, target)
+                except Exception:  # noqa: BLE001  (not in this bundle: the usual places)
+                    opened = None
+            if opened is None:
+                opened = _bundle_cache.bundle_for(key, None, target)
+            found = (opened, runtime.default_options())
+        except Exception as error:  # noqa: BLE001  (no kernel: PyTorch scales the same rows)
+            if grad.device.type != "cpu":
+                _fallbacks.warn("cegen.linear_cross_entropy: its gradients are scaled by "
+                                "PyTorch operations (a full pass, also for a factor of 1): %s",
+                                f"no rescale kernel for {grad.dtype} on {grad.device}: {error}")
+    with _rescale_lock:
+        _rescale_found[where] = found
+    return found
+
+
+def _scale_rows(grad: torch.Tensor, weights: torch.Tensor, grad_loss: torch.Tensor,
+                bundle: Optional[str]) -> None:
+    """In place, no host read: row t of ``grad`` times ``grad_loss[t] / weights[t]`` (f32;
+    0 where ``grad_loss[t]`` is 0), rows where the two are equal left as they are.
+    ``grad``: ``[N, ...]`` rows (d hidden) or any gradient when ``grad_loss`` is 0-d (one
+    factor for every element: d weight, d bias); ``weights``: 0-d or ``[N]``, never 0
+    where ``grad_loss`` is not. By cegen's rescale kernel where there is one: a factor of
+    exactly 1 costs a read of two floats per row; else by PyTorch's operations (one pass,
+    a 0-d factor rounded to the gradient's dtype, so that the pass is in one dtype, which
+    PyTorch vectorizes: its rounding, 2^-9 relative in bf16, none for 1 or a power of
+    two, adds to the element's)."""
+    if grad.numel() == 0:
+        return
+    if grad_loss.dim() == 0 and grad.is_contiguous():
+        width = grad.numel()
+        while width > SCALE_ROW_ELEMENTS and width % 2 == 0:
+            width //= 2
+        rows = grad.view(-1, width)
+    else:
+        rows = grad.reshape(grad.shape[0], -1) if grad.dim() > 0 else grad.view(1, 1)
+    if rows.data_ptr() != grad.data_ptr() or (rows.shape[1] > 1 and rows.stride(1) != 1):
+        rows = None  # a copy (reshape of a gradient it cannot view), or strided elements
+    elif grad_loss.dim() == 0:
+        grad_loss = grad_loss.expand(rows.shape[0])
+    found = None if rows is None else _rescale_kernel(grad, bundle)
+    if found is not None:
+        from ._runtime import get_runtime
+
+        kernel_bundle, options = found
+        get_runtime().rescale(kernel_bundle, options, _kernels.describe(rows, "scaled grad"),
+                              _kernels.describe(weights, "scale weights"),
+                              _kernels.describe(grad_loss, "scale grad_loss"),
+                              _kernels._stream(grad.device))
+        return
+    if grad_loss.dim() == 1 and weights.dim() == 0 and _is_stride0(grad_loss):
+        grad_loss = grad_loss[0]  # one factor (d weight's): the pass in the gradient's dtype
+    ratio = torch.where(grad_loss != 0, grad_loss / weights, torch.zeros_like(grad_loss))
+    if ratio.dim() == 0:
+        grad.mul_(ratio.to(grad.dtype))
+    else:
+        grad.mul_(ratio.reshape((-1,) + (1,) * (grad.dim() - 1)))
 
 
 def _row_labels(labels: torch.Tensor, hidden_shape: Tuple[int, ...],
@@ -489,7 +627,8 @@ def linear_cross_entropy(
             ``grad_weights`` (four GEMMs) than with the exact recompute (five), which is for
             callers whose prediction is usually the upstream's own tensor and who must
             never fail otherwise.
-        chunk_tokens: tokens per chunk (default: 256 MiB of logits).
+        chunk_tokens: tokens per chunk (default: :func:`default_chunk_tokens`, at most
+            256 MiB of logits in equal chunks).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
         tp_group: the ``torch.distributed`` process group the vocabulary is split over

@@ -449,6 +449,8 @@ class Emulator:
         #: object run a copy with those bytes replaced (the mutation check).
         self.mutation: Optional[Tuple[str, int, bytes]] = None
         self.mutation_executed = False
+        #: While a set: the code addresses (relative to the loaded object) decoded, i.e. run.
+        self.executed: Optional[set] = None
         self._mutated_key = ""
 
     def add_device(self, arch: str) -> int:
@@ -559,6 +561,7 @@ class Emulator:
         code_end = base + max(v + m for _o, v, _f, m in co.segments)
         target = (base + co.virtual_address(self.mutation[1])
                   if self.mutation and co is self.code_objects.get(self._mutated_key) else None)
+        self._base = base
         self._run(co.chip, entry, code_end - entry, grid, block, kernarg_at, rsrc2, user_data,
                   target)
         device = self.hip.emulator_hip_current_device()
@@ -581,6 +584,8 @@ class Emulator:
                 self.gfx90a.decoded[special[0]] = self.gfx90a.decoded.get(special[0], 0) + 1
             else:
                 runner, inst = decode(pc, arch)
+            if self.executed is not None:
+                self.executed.add(pc - self._base)
             if target is not None and pc <= target < pc + inst.size():
                 # Record whether the changed bytes were decoded (run) in this launch.
                 self.mutation_executed = True

@@ -8,11 +8,17 @@ tinygrad's mock AMD GPU (test/amd/emulator.py). The numerics are test/gpu/test_h
 its Problem (inputs, views, special rows, Megatron labels), its float64 reference and
 tolerances, its run_case and bad-label checks with option values drawn per case (run_kernel), on its CASES as they are (``--case-set h200``)
 or at smaller shapes (``small``), plus a case of rows whose probabilities are f32 subnormals.
+The rescale kernels (op=rescale, ``ce_rescale``) run test/amd/rescale_cases.py's cases
+(RescaleTest.cpp's contract: every (g, w) pair kind, strided and stride-0 upstream gradients,
+0-d weights), and ``--mutate`` changes one comparison, then one bit, of a rescale kernel too.
+The tensor-parallel kernels run test/amd/shard_cases.py's cases: ``shard_stats`` kernels, and
+the backward kernels without z-loss or overwrite called on a vocabulary slice (``--shard-only``:
+those alone); ``--mutate`` also changes executed instructions of a shard_stats kernel.
 Run from the repository root with Debian's python3 (it has torch)::
 
     /usr/bin/python3 test/amd/run_emulated.py --tinygrad /path/to/tinygrad \\
         [--targets gfx942,gfx950,gfx90a] [--set full|smoke] [--case-set h200|small] \\
-        [--filter TEXT] [--mutate]
+        [--filter TEXT] [--mutate] [--shard-only]
 
 tinygrad is never part of this repository: pass a checkout of tinygrad/tinygrad (its
 ``test/mockgpu/amd/emu.py``); without one the script prints SKIP and exits 0. Bundles are made
@@ -36,6 +42,9 @@ from typing import Dict, List
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "test" / "gpu"))
 sys.path.insert(0, str(REPO / "test" / "amd"))
+
+import rescale_cases as rescale  # noqa: E402
+import shard_cases as shard  # noqa: E402
 
 #: gcnArchName of each chip's device, as the runtime reads it (the suffix is dropped).
 CHIPS = {"gfx942": "gfx942:sramecc+:xnack-", "gfx950": "gfx950:sramecc+:xnack-",
@@ -69,11 +78,21 @@ BUNDLE_SETS = {
         "overwrite": ["--op=forward,backward,fused", "--logits=bf16,f16,f32", "--labels=i64",
                       "--layout=flat,sbv_sb", "--label-smoothing=on", "--z-loss=on",
                       "--overwrite=1", "--weights=token"],
+        # The fused gradient's correction: one kernel per dtype and layout (its key's other
+        # fields are canonical).
+        "rescale": ["--op=rescale", "--logits=bf16,f16,f32", "--layout=flat,sbv_bs,sbv_sb"],
+        # Tensor parallelism's partial statistics (test/amd/shard_cases.py; the sharded
+        # backward runs on the backward kernels above that have no z-loss and no overwrite).
+        "shard": ["--op=shard_stats", "--logits=bf16,f16,f32", "--labels=i32,i64",
+                  "--layout=flat,sbv_bs,sbv_sb", "--label-smoothing=off,on"],
     },
     "smoke": {
         "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",
                   "--layout=sbv_bs", "--label-smoothing=on", "--z-loss=on", "--overwrite=0",
                   "--weights=token"],
+        "rescale": ["--op=rescale", "--logits=bf16,f32", "--layout=sbv_bs"],
+        "shard": ["--op=shard_stats", "--logits=bf16", "--labels=i32", "--layout=sbv_bs",
+                  "--label-smoothing=on"],
     },
 }
 
@@ -229,21 +248,49 @@ def make_harness(h200, runtime: str, bundle_dirs: List[Path], chip: str, index: 
 
 
 def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
-             filter_text: str, bad_labels: bool, results: Dict) -> None:
+             filter_text: str, bad_labels: bool, results: Dict, rescale_cases: list,
+             shard_cases: list, shard_only: bool = False) -> None:
     report = h200.Report()
     instrumented.chip = chip
-    keys = sorted(k for k in harness.kernels if filter_text in k)
+    keys = sorted(k for k in harness.kernels if filter_text in k and (
+        not shard_only or k.startswith("op=shard_stats,") or shard.wanted_backward(k)))
     started = time.time()
     launches_before = len(emulator.launches)
     gfx90a_before = dict(emulator.gfx90a.decoded)
-    log(f"{chip}: {len(keys)} kernels x {len(cases)} cases"
-        f"{' + 4 bad-label cases' if bad_labels else ''}")
+    log(f"{chip}: {len(keys)} kernels x "
+        + ("" if shard_only else f"{len(cases)} cases{' + 4 bad-label cases' if bad_labels else ''}"
+           f" (rescale kernels: {len(rescale_cases)} cases of test/amd/rescale_cases.py), ")
+        + f"shard_stats and sharded backward: {len(shard_cases)} cases of "
+        f"test/amd/shard_cases.py + 1 bad label each")
     coverage: Dict[str, set] = {}
+    rescale_kernels = rescale_checks = shard_kernels = shard_backward = shard_checks = 0
+    note = (lambda what, ratio, where: instrumented.worst.note(f"{chip} {what}", ratio, where)
+            if instrumented.recording else None)
     for index, text in enumerate(keys):
         before = report.failures
         t0 = time.time()
-        # test_h200's loop: each case with option values of its own, then the bad labels.
-        h200.run_kernel(harness, report, text, cases, seed, bad_labels, coverage)
+        if text.startswith("op=rescale,"):
+            rescale_kernels += 1
+            checks_before = report.checks
+            rescale.run_kernel(harness, report, text, rescale_cases, seed, h200.mix,
+                               lambda what, ratio, where: instrumented.worst.note(
+                                   f"{chip} {what}", ratio, where)
+                               if instrumented.recording else None)
+            rescale_checks += report.checks - checks_before
+        elif text.startswith("op=shard_stats,"):
+            shard_kernels += 1
+            checks_before = report.checks
+            shard.run_kernel(harness, report, text, shard_cases, seed, h200.mix, note)
+            shard_checks += report.checks - checks_before
+        else:
+            # test_h200's loop: each case with option values of its own, then the bad labels.
+            if not shard_only:
+                h200.run_kernel(harness, report, text, cases, seed, bad_labels, coverage)
+            if shard.wanted_backward(text):  # and on a vocabulary slice
+                shard_backward += 1
+                checks_before = report.checks
+                shard.run_kernel(harness, report, text, shard_cases, seed, h200.mix, note)
+                shard_checks += report.checks - checks_before
         failed = report.failures - before
         log(f"  [{'FAIL' if failed else ' ok '}] {index + 1}/{len(keys)} {text} "
             f"({time.time() - t0:.1f} s)")
@@ -252,6 +299,11 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
                   for name, n in emulator.gfx90a.decoded.items() if n > gfx90a_before.get(name, 0)}
     results[chip] = {
         "kernels": len(keys), "checks": report.checks, "failures": report.failures,
+        # op=rescale's share: one check per gradient element, plus status, padding, inputs
+        "rescale_kernels": rescale_kernels, "rescale_checks": rescale_checks,
+        # test/amd/shard_cases.py's share: shard_stats kernels, backward kernels run sharded
+        "shard_stats_kernels": shard_kernels, "sharded_backward_kernels": shard_backward,
+        "shard_checks": shard_checks,
         "failed_kernels": sorted(report.failed_kernels)[:50], "launches": len(launches),
         "subnormal_elements_flushed": instrumented.flushed.get(chip, 0),
         # gfx90a-only instructions run through the launcher's layer (decoded per launch)
@@ -263,7 +315,9 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
     }
     log(f"{chip}: option values covered {json.dumps(results[chip]['coverage'])}")
     log(f"{chip}: {len(keys)} kernels, {len(launches)} launches, {report.checks} checks, "
-        f"{report.failures} failures, {instrumented.flushed.get(chip, 0)} subnormal gradient "
+        f"{report.failures} failures ({rescale_kernels} rescale kernels: {rescale_checks} "
+        f"checks; {shard_kernels} shard_stats kernels and {shard_backward} backward kernels "
+        f"sharded: {shard_checks} checks), {instrumented.flushed.get(chip, 0)} subnormal gradient "
         f"elements flushed by the emulator, {time.time() - started:.0f} s")
     if gfx90a_ops:
         log(f"{chip}: gfx90a-only instructions run by the launcher's layer (decoded per launch): "
@@ -273,10 +327,11 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
 # -- the mutation check -----------------------------------------------------------------------
 
 
-def find_instruction(emulator, co, symbol: str, want, last: bool = False):
+def find_instruction(emulator, co, symbol: str, want, last: bool = False, executed=None):
     """(file offset, op name) of the first (or last) instruction of the function `symbol` for
     which `want(op name, its bytes)` holds, decoding from its entry to its end as the emulator
-    runs it (tinygrad's decoder, with the launcher's gfx90a layer on gfx90a)."""
+    runs it (tinygrad's decoder, with the launcher's gfx90a layer on gfx90a); with `executed`
+    (code addresses), only among the instructions at those addresses."""
     from emulator import decode_name
 
     address, size = co.symbols[symbol]
@@ -285,7 +340,9 @@ def find_instruction(emulator, co, symbol: str, want, last: bool = False):
     while offset < end:
         name, length = decode_name(emulator.emu, co.image[offset:offset + 16], co.chip)
         raw = co.image[offset:offset + length]
-        if want(name, raw) if want.__code__.co_argcount == 2 else want(name, raw, previous):
+        if executed is not None and co.virtual_address(offset) not in executed:
+            pass  # only instructions that ran (emulator.executed of an unmutated run)
+        elif want(name, raw) if want.__code__.co_argcount == 2 else want(name, raw, previous):
             found = (offset, name)
             if not last:
                 break
@@ -403,6 +460,177 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
                                                 "unmutated_failures": report.failures}
 
 
+def mutation_check_rescale(emulator, harness, chip: str, seed: int, cases, results: Dict,
+                           mix) -> None:
+    """Runs a rescale kernel with one comparison of its code changed (as mutation_check does:
+    in the code object the emulator maps), then one bit of its ratio, on rescale_cases.py's
+    cases and shows the check fail; then the unchanged kernel on the same inputs. Both
+    comparisons differ from the right one only for a NaN upstream gradient, so what fails is
+    the contract's NaN row; the negated ratio fails every rescaled element (and a negated
+    quotient, which the fixup's sign rule undoes, is a control that must pass)."""
+    import hashlib
+    import struct
+
+    from emulator import decode_name
+
+    texts = sorted(k for k in harness.kernels if k.startswith("op=rescale,"))
+    if not texts:
+        log("mutation: no rescale kernel in the bundles")
+        return
+    text = texts[0]
+    bundle = harness.kernels[text]
+    manifest = json.loads((Path(bundle.path) / "manifest.json").read_text())
+    kernel = next(k for k in manifest["kernels"] if k["key"] == text and k["target"] == chip)
+    image = (Path(bundle.path) / kernel["object"]).read_bytes()
+    co = emulator._code_object(image)
+    symbol = kernel["symbol"]
+    digest = hashlib.sha256(image).hexdigest()
+
+    def patched(at: int, word: int):
+        patch = struct.pack("<I", word)
+        return patch, decode_name(emulator.emu, patch + co.image[at + 4:at + 16], co.chip)[0]
+
+    mutations = []
+    # The row skip, g == w: v_cmp_eq_f32 (VOPC, op bits 24:17: 0x42, ordered equal; a NaN g
+    # is not equal, so its row is rescaled into NaN) becomes v_cmp_nlg_f32 (0x4a, unordered
+    # or equal): a NaN g then skips its row.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: name == "V_CMP_EQ_F32_E32")
+    word = struct.unpack_from("<I", image, at)[0]
+    mutations.append((at, inst) + patched(at, (word & ~(0xFF << 17)) | (0x4A << 17)))
+    # The early exit itself: the s_cbranch_vccnz after that compare becomes s_nop 0, so rows
+    # with g == w are rescaled too: by 1 (bitwise the same) or, where g == w == 0, by the
+    # ratio 0, which zeroes the row and its -0/+0 twin: what the untouched-row check sees.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: name == "S_CBRANCH_VCCNZ")
+    mutations.append((at, inst) + patched(at, 0xBF800000))
+    # The ratio's select, g != 0: v_cmp_neq_f32_e64 (VOP3, op bits 25:16: 0x4d, unordered
+    # not-equal) becomes v_cmp_lg_f32 (0x45, ordered): a NaN g then gets the ratio 0.
+    at, inst = find_instruction(emulator, co, symbol,
+                                lambda name, raw: "CMP_NEQ_F32" in name and len(raw) == 8)
+    word = struct.unpack_from("<I", image, at)[0]
+    mutations.append((at, inst) + patched(at, (word & ~(0x3FF << 16)) | (0x45 << 16)))
+    # The ratio: the negate bit of v_div_fixup_f32's third source, the numerator g (VOP3 bit
+    # 63), set: the fixup gives the quotient the sign of numerator times denominator, so every
+    # rescaled row gets -g/w, which the float64 comparison sees. (Negating its first source,
+    # the quotient, changes nothing, for the same reason: a control, run first.)
+    try:
+        at, inst = find_instruction(emulator, co, symbol,
+                                    lambda name, raw: name.startswith("V_DIV_FIXUP_F32"))
+        word = struct.unpack_from("<I", image, at + 4)[0]
+        for bit, was, now in ((29, "q, w, g", "-q, w, g"), (31, "q, w, g", "q, w, -g")):
+            mutations.append((at + 4, f"{inst} {was}", struct.pack("<I", word | (1 << bit)),
+                              f"{inst} {now}"))
+    except LookupError:
+        log(f"mutation ({chip}): {symbol} has no v_div_fixup_f32")
+    outcome = []
+    for at, before, patch, after in mutations:
+        emulator.mutation = (digest, at, patch)
+        emulator.mutation_executed = False
+        report = h200_report()
+        rescale.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+        emulator.mutation = None
+        executed = emulator.mutation_executed
+        outcome.append({"file_offset": at, "before": before, "after": after,
+                        "executed": executed, "checks": report.checks,
+                        "failures": report.failures})
+        log(f"mutation ({chip}, {symbol} {text}, instruction at byte {at}): {before} -> "
+            f"{after}: {'executed' if executed else 'NOT EXECUTED'}, {report.failures} of "
+            f"{report.checks} checks fail{'' if report.failures else ' (not detected)'}")
+    report = h200_report()
+    rescale.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+    log(f"mutation ({chip}, rescale): unmutated on the same inputs: {report.failures} of "
+        f"{report.checks} checks fail")
+    results.setdefault("mutation_rescale", {})[chip] = {
+        "kernel": text, "mutations": outcome, "unmutated_failures": report.failures}
+
+
+def mutation_check_shard(emulator, harness, chip: str, seed: int, cases, results: Dict,
+                         mix) -> None:
+    """Runs a shard_stats kernel (with smoothing, so it sums the row too) with one instruction
+    changed (as mutation_check does), on shard_cases.py's cases, and shows the checks fail;
+    then the unchanged kernel on the same inputs. The instructions, one at a time, among those
+    an unmutated run executed: the first and the last v_exp_f32 (the slice's exponentials)
+    become v_log_f32, the first and the last v_add_f32 become v_sub_f32; each is reported
+    executed or not (the emulator records whether the changed bytes were decoded)."""
+    import hashlib
+    import struct
+
+    from emulator import decode_name
+
+    texts = sorted(k for k in harness.kernels
+                   if k.startswith("op=shard_stats,") and "label_smoothing=on" in k)
+    if not texts:
+        log("mutation: no shard_stats kernel with smoothing in the bundles")
+        return
+    text = next((k for k in texts if "logits=f32," in k), texts[0])
+    bundle = harness.kernels[text]
+    manifest = json.loads((Path(bundle.path) / "manifest.json").read_text())
+    kernel = next(k for k in manifest["kernels"] if k["key"] == text and k["target"] == chip)
+    image = (Path(bundle.path) / kernel["object"]).read_bytes()
+    co = emulator._code_object(image)
+    symbol = kernel["symbol"]
+    digest = hashlib.sha256(image).hexdigest()
+    outcome = []
+    # The unmutated kernel first, recording the instructions it runs: the mutations are chosen
+    # among those.
+    emulator.executed = set()
+    report = h200_report()
+    shard.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+    ran, emulator.executed = emulator.executed, None
+    log(f"mutation ({chip}, shard_stats): unmutated: {report.failures} of {report.checks} "
+        f"checks fail, {len(ran)} distinct instructions run")
+
+    def vop1_exp_to_log(last: bool):
+        # v_exp_f32 (VOP1, op bits 16:9: 0x20 on gfx9) becomes v_log_f32 (0x21).
+        at, inst = find_instruction(emulator, co, symbol,
+                                    lambda name, raw: name == "V_EXP_F32_E32", last=last,
+                                    executed=ran)
+        word = struct.unpack_from("<I", image, at)[0]
+        return at, inst, struct.pack("<I", (word & ~(0xFF << 9)) | (0x21 << 9))
+
+    def vop2_add_to_sub(last: bool):
+        at, inst = find_instruction(emulator, co, symbol,
+                                    lambda name, raw: name == "V_ADD_F32_E32", last=last,
+                                    executed=ran)
+        word = struct.unpack_from("<I", image, at)[0]
+        return at, inst, struct.pack("<I", (word & ~(0x3F << 25)) | (0x02 << 25))
+
+    for which, make in (("first v_exp_f32", lambda: vop1_exp_to_log(False)),
+                        ("last v_exp_f32", lambda: vop1_exp_to_log(True)),
+                        ("first v_add_f32", lambda: vop2_add_to_sub(False)),
+                        ("last v_add_f32", lambda: vop2_add_to_sub(True))):
+        try:
+            at, inst, patch = make()
+        except LookupError:
+            log(f"mutation ({chip}): {symbol} has no {which}")
+            continue
+        after = decode_name(emulator.emu, patch + co.image[at + 4:at + 16], co.chip)[0]
+        emulator.mutation = (digest, at, patch)
+        emulator.mutation_executed = False
+        report = h200_report()
+        shard.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+        emulator.mutation = None
+        executed = emulator.mutation_executed
+        outcome.append({"file_offset": at, "before": inst, "after": after, "executed": executed,
+                        "which": which, "checks": report.checks, "failures": report.failures})
+        log(f"mutation ({chip}, {symbol} {text}, {which} at byte {at}): {inst} -> {after}: "
+            f"{'executed' if executed else 'NOT EXECUTED'}, {report.failures} of "
+            f"{report.checks} checks fail{'' if report.failures else ' (not detected)'}")
+    report = h200_report()
+    shard.run_kernel(harness, report, text, cases, seed, mix, lambda *a: None)
+    log(f"mutation ({chip}, shard_stats): unmutated on the same inputs: {report.failures} of "
+        f"{report.checks} checks fail")
+    results.setdefault("mutation_shard", {})[chip] = {
+        "kernel": text, "mutations": outcome, "unmutated_failures": report.failures}
+
+
+def h200_report():
+    import test_h200
+
+    return test_h200.Report()
+
+
 # -- main -------------------------------------------------------------------------------------
 
 
@@ -424,6 +652,9 @@ def main() -> int:
     parser.add_argument("--filter", default="", help="only kernels whose key contains this")
     parser.add_argument("--no-bad-labels", action="store_true")
     parser.add_argument("--mutate", action="store_true", help="run the mutation check")
+    parser.add_argument("--shard-only", action="store_true",
+                        help="only test/amd/shard_cases.py: shard_stats kernels and the sharded "
+                             "backward (no test_h200 or rescale cases)")
     parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
 
@@ -469,6 +700,9 @@ def main() -> int:
     if args.cases:
         wanted = args.cases.split(",")
         cases = [c for c in cases if c.name in wanted]
+    rescale_set = [c for c in rescale.CASES
+                   if args.set != "smoke" or c.name in rescale.SMOKE_CASES]
+    shard_set = [c for c in shard.CASES if args.set != "smoke" or c.name in shard.SMOKE_CASES]
     results: Dict = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seed": seed,
                      "tinygrad": commit, "command": " ".join(sys.argv), "set": args.set,
                      "cases": [c.name for c in cases]}
@@ -476,10 +710,14 @@ def main() -> int:
         bundles = make_bundles(Path(args.ce_gen), work, chip, args.set)
         harness = make_harness(h200, runtime, bundles, chip, indices[chip])
         run_chip(h200, emulator, instrumented, harness, chip, cases, seed, args.filter,
-                 not args.no_bad_labels, results)
+                 not args.no_bad_labels, results, rescale_set, shard_set, args.shard_only)
         if args.mutate:
             instrumented.recording = False
-            mutation_check(h200, emulator, harness, chip, seed, results)
+            if not args.shard_only:
+                mutation_check(h200, emulator, harness, chip, seed, results)
+                mutation_check_rescale(emulator, harness, chip, seed, rescale_set, results,
+                                       h200.mix)
+            mutation_check_shard(emulator, harness, chip, seed, shard_set, results, h200.mix)
             instrumented.recording = True
         results["worst"] = {k: [round(v[0], 4), v[1]] for k, v in instrumented.worst.values.items()}
         (work / f"results-{args.set}-{'-'.join(chips)}.json").write_text(

@@ -722,9 +722,142 @@ class VocabParallelArgumentsTest(unittest.TestCase):
 
 class DefaultChunkTest(unittest.TestCase):
     def test_default_chunk(self):
-        self.assertEqual(linear.default_chunk_tokens(8192, 128256, 2), 1046)  # 256 MiB
+        # 256 MiB hold 1046 tokens at V = 128256 in bf16: equal chunks of 1024 (a multiple
+        # of 128) at every N that 1024 divides, the long context included
+        for n in (8192, 16384, 131072, 1 << 30):
+            self.assertEqual(linear.default_chunk_tokens(n, 128256, 2), 1024, n)
         self.assertEqual(linear.default_chunk_tokens(10, 128256, 2), 10)
+        self.assertEqual(linear.default_chunk_tokens(1000, 128256, 2), 1000)  # one chunk
         self.assertEqual(linear.default_chunk_tokens(8192, 1 << 40, 4), 1)
+        per_token = 37 * 4
+        # 1000 tokens, at most 300 a chunk: 4 chunks of 250, rounded up to 256 (<= 300)
+        self.assertEqual(linear.default_chunk_tokens(1000, 37, 4, 300 * per_token), 256)
+        # at most 250: 256 does not fit and 128 (8 chunks) is far below: 4 chunks of 250
+        self.assertEqual(linear.default_chunk_tokens(1000, 37, 4, 250 * per_token), 250)
+        # at most 30 (below the alignment): 4 equal chunks of 25, not 30 + 30 + 30 + 10
+        self.assertEqual(linear.default_chunk_tokens(100, 37, 4, 30 * per_token), 25)
+        for n in range(1, 700, 7):
+            for cap in (1, 5, 100, 128, 200, 300, 1000):
+                chunk = linear.default_chunk_tokens(n, 37, 4, cap * per_token)
+                self.assertTrue(1 <= chunk <= max(1, min(n, cap)), (n, cap, chunk))
+
+
+@S.requires_kernels
+class UninitializedGradientsTest(unittest.TestCase):
+    """d hidden and d weight are allocated without a zero fill (the first chunk's GEMM
+    writes d weight): poisoned with NaN, every schedule still gives the float64 answer."""
+
+    def test_poisoned_buffers(self):
+        case = LinearCrossEntropyTest()
+        case.setUp()
+        hidden, weight, bias, labels = case.problem()
+        n = labels.shape[0]
+        upstream = torch.rand((n,), generator=case.gen, dtype=torch.float64) + 0.5
+        with mock.patch.object(linear, "_uninitialized",
+                               lambda like: torch.full_like(like, float("nan"))):
+            for chunk in (1, 4, n):
+                for schedule in ("recompute", "grad_weights", "exact", "multiple"):
+                    with self.subTest(chunk=chunk, schedule=schedule):
+                        weights = None if schedule == "recompute" else upstream.float()
+                        if schedule == "multiple":  # g = 0.5 grad_weights: d weight scaled
+                            weights = (upstream * 2).float()
+                        ours, refs = case.run_both(
+                            hidden, weight, bias, labels, upstream, chunk=chunk,
+                            grad_weights=weights, grad_weights_exact=schedule == "exact",
+                            backward_with=weights if schedule == "grad_weights" else None)
+                        case.assert_close(ours, refs, f"poisoned, chunk {chunk}, {schedule}")
+            for reduction in ("mean", "sum"):
+                with self.subTest(reduction=reduction):
+                    refs = [t.clone().requires_grad_(True) for t in (hidden, weight, bias)]
+                    ref = reference(*refs, labels)
+                    (ref.mean() if reduction == "mean" else ref.sum()).backward()
+                    ours_in = [t.float().clone().requires_grad_(True)
+                               for t in (hidden, weight, bias)]
+                    loss = cegen.linear_cross_entropy(ours_in[0], ours_in[1], labels,
+                                                      bias=ours_in[2], chunk_tokens=3,
+                                                      reduction=reduction)
+                    loss.backward()
+                    case.assert_close([None] + [t.grad for t in ours_in],
+                                      [None] + [t.grad for t in refs], f"poisoned, {reduction}")
+
+
+class ScaleRowsTest(unittest.TestCase):
+    """linear._scale_rows, the backward's scaling of the forward's gradients, by cegen's
+    rescale kernel and by PyTorch's operations (no kernel), against float64: rows whose
+    factor is 1 untouched (bitwise), zero upstreams zero rows, a NaN factor NaN rows."""
+
+    def paths(self):
+        yield "torch", mock.patch.object(linear, "_rescale_kernel", lambda grad, bundle: None)
+        if S._MISSING is None and linear._rescale_kernel(torch.zeros((1, 1)), None) is not None:
+            calls = []
+            real = linear._rescale_kernel
+
+            def found(grad, bundle):
+                kernel = real(grad, bundle)
+                calls.append(kernel is not None)
+                return kernel
+
+            self.kernel_calls = calls
+            yield "kernel", mock.patch.object(linear, "_rescale_kernel", found)
+
+    def check(self, path, before, after, factors):
+        """``after`` is ``before`` times ``factors`` (broadcast), bitwise where the factor
+        is 1, zero where it is 0, NaN where it is NaN."""
+        want = before.double() * factors.double()
+        ones = (factors == 1).expand(before.shape)
+        self.assertTrue(torch.equal(after[ones], before[ones]), f"{path}: factor-1 rows changed")
+        nan = torch.isnan(factors).expand(before.shape)
+        self.assertTrue(bool(torch.isnan(after[nan]).all()), f"{path}: NaN factor not NaN")
+        zero = (factors == 0).expand(before.shape)
+        self.assertTrue(bool((after[zero] == 0).all()), f"{path}: zero factor not 0")
+        finite = ~nan
+        if bool(finite.any()):
+            want = want.expand(before.shape)
+            error = float((after.double()[finite] - want[finite]).abs().max())
+            self.assertLessEqual(error, 1e-6 * float(want[finite].abs().max()), path)
+
+    def test_rows_and_factors(self):
+        gen = torch.Generator().manual_seed(SEED)
+        n, h = 9, 13
+        for path, patch in self.paths():
+            with patch, self.subTest(path=path):
+                grad = torch.randn((n, h), generator=gen)
+                weights = torch.rand((n,), generator=gen) + 0.5
+                upstream = torch.rand((n,), generator=gen) + 0.5
+                upstream[[0, 4]] = weights[[0, 4]]  # equal: untouched
+                upstream[[2, 7]] = 0.0  # masked: zero rows
+                upstream[5] = 2 * weights[5]
+                before = grad.clone()
+                linear._scale_rows(grad, weights, upstream, None)
+                self.check(path, before, grad, (upstream.double() / weights.double())[:, None])
+                # a strided upstream (every other element of a longer tensor)
+                strided = torch.stack([upstream, torch.full_like(upstream, 7.0)], 1)[:, 0]
+                grad = before.clone()
+                linear._scale_rows(grad, weights, strided, None)
+                self.check(path, before, grad, (upstream.double() / weights.double())[:, None])
+                # one weight and a stride-0 upstream (a sum's): one factor for every row
+                for value in (0.25, 0.5, 0.0):
+                    grad = before.clone()
+                    linear._scale_rows(grad, torch.tensor(0.25),
+                                       torch.tensor(value).expand(n), None)
+                    self.check(path, before, grad, torch.tensor(value / 0.25))
+
+    def test_one_factor_for_every_element(self):
+        """d weight and d bias: a 0-d factor over a contiguous gradient (viewed as rows of
+        at most SCALE_ROW_ELEMENTS), a transposed one and a vector."""
+        gen = torch.Generator().manual_seed(SEED + 1)
+        for path, patch in self.paths():
+            for factor in (1.0, 0.3, 0.0, float("nan"), 4.0):
+                with patch, mock.patch.object(linear, "SCALE_ROW_ELEMENTS", 64), \
+                        self.subTest(path=path, factor=factor):
+                    for grad in (torch.randn((37, 16), generator=gen),
+                                 torch.randn((16, 37), generator=gen).t(),
+                                 torch.randn((37,), generator=gen)):
+                        before = grad.clone()
+                        linear._scale_rows(grad, torch.ones(()), torch.tensor(factor), None)
+                        self.check(path, before, grad, torch.tensor(factor))
+        if hasattr(self, "kernel_calls"):
+            self.assertIn(True, self.kernel_calls, "the rescale kernel was never used")
 
 
 if __name__ == "__main__":

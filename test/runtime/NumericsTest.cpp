@@ -38,6 +38,7 @@
 #include "ce/runtime/VariantKey.h"
 #include "ce/runtime/ce_runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -387,12 +388,20 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
         for (int64_t j = 0; j < v; ++j)
           row[j] = roundTo(
               type, unit * (64.0 + std::clamp(std::round(row[j]), -8.0, 8.0)));
-      } else if (t == 6) {
+      }
+      if (t == 4 || t == 5) {
+        // The label at a maximum: the loss is then log(ties), of order 1,
+        // so the 1e-5 loss tolerance sees the re-sweep's count of the
+        // maximum's ties (with another label the loss is about |max| and
+        // its tolerance hides the sum).
+        p.labels[t] = std::max_element(row, row + v) - row;
+      }
+      if (t == 6) {
         // A first half far below the rest: the running maximum starts
         // below -2^24 and then grows.
         for (int64_t j = 0; j < v / 2; ++j)
           row[j] = roundTo(type, row[j] - 1.0e30);
-      } else {
+      } else if (t == 7) {
         // Every other value near the most negative finite one, the rest
         // ordinary: the maximum is small, but the plain row sum overflows
         // f32, so label smoothing's mean is taken from the re-sweep's
