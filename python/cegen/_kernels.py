@@ -650,9 +650,10 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
 
 
 def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-          options: KernelOptions, overwrite: bool,
-          checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel.
+          options: KernelOptions, overwrite: bool, checked: bool = False,
+          low: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel (and with
+    ``low`` lse's low part last, as :func:`forward` returns it).
 
     ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
     tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
@@ -663,7 +664,7 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         _refuse_shard(options, "the fused forward+backward")
     try:
         key: Optional[Tuple[Any, ...]] = (
-            "fused", options, overwrite, logits.dtype, logits.shape, logits.stride(),
+            "fused", options, overwrite, low, logits.dtype, logits.shape, logits.stride(),
             logits.device, labels.dtype, labels.shape, labels.stride(), labels.device,
             weights.dtype, weights.shape, weights.stride(), weights.device)
     except Exception:  # not tensors (the checks below say so), or no strides
@@ -685,25 +686,29 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         plan = _new_plan(plans, key, tokens, logits)
         loss = _empty(tokens, _F32, plan.device)
         lse = _empty(tokens, _F32, plan.device)
+        lse_low = _empty(tokens, _F32, plan.device) if low else None
         grad = None if overwrite else _empty_like(logits)
         if loss.numel() == 0:
-            return loss, lse, grad
+            return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
         bundle, runtime_options = _launch("fused", logits, labels, options, plan.where,
                                           overwrite=overwrite, weights=kind)
         plan.set_launch(bundle, runtime_options, "ce_fused", (
             describe(logits, "logits"), describe(labels, "labels"),
             describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
-            None if grad is None else describe(grad, "grad")))
+            None if grad is None else describe(grad, "grad")),
+            None if lse_low is None else describe(lse_low, "lse_low"))
     else:
         if weights.dtype != torch.float32:
             weights = weights.float()  # strides as the plan's: the key holds the input's
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
         lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
+        lse_low = torch.empty_like(loss) if low else None
         grad = None if overwrite else torch.empty_like(logits)
         if plan.bundle is None:
-            return _poisoned(loss), _poisoned(lse), _poisoned(grad)
+            outputs = (_poisoned(loss), _poisoned(lse), _poisoned(grad))
+            return outputs + (_poisoned(lse_low),) if low else outputs
         if _poison:
-            for tensor in (loss, lse, grad):
+            for tensor in (loss, lse, grad, lse_low):
                 _poisoned(tensor)
     descs = plan.descs
     descs[0].data = logits.data_ptr()
@@ -713,8 +718,10 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     descs[4].data = lse.data_ptr()
     if grad is not None:
         descs[5].data = grad.data_ptr()
+    if lse_low is not None:
+        plan.low_desc.data = lse_low.data_ptr()
     _launch_plan(plan, "cegen fused forward+backward", poll=True)
-    return loss, lse, grad
+    return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
 
 
 def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,

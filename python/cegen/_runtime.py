@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 3
+CE_RUNTIME_BUNDLE_VERSION = 4
 
 
 class Status:
