@@ -18,7 +18,13 @@ using ::ce::WeightsKind;
 using ::ce::ArgRole;
 
 static_assert(static_cast<int64_t>(kFlagMegatronLabels) ==
-                  static_cast<int64_t>(::ce::kFlagMegatronLabels),
+                      static_cast<int64_t>(::ce::kFlagMegatronLabels) &&
+                  static_cast<int64_t>(kFlagIgnoreIndex) ==
+                      static_cast<int64_t>(::ce::kFlagIgnoreIndex) &&
+                  static_cast<int64_t>(kFlagGlobalSmoothing) ==
+                      static_cast<int64_t>(::ce::kFlagGlobalSmoothing) &&
+                  static_cast<int64_t>(kFlagLseLow) ==
+                      static_cast<int64_t>(::ce::kFlagLseLow),
               "the dialect's and the bundle ABI's flag bits must agree");
 
 static Type toMlirType(Builder &b, ElemType type) {
@@ -150,7 +156,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
       sharded ? ShardAttr::get(b.getContext(), 0, 0, false) : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
-    ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3], status,
+    ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
+                      tensors[4], status,
                       flags, ignoreIndex, smoothingValue, zLossValue,
                       shardStart, shardVocab, layout, ignore, smoothing, zLoss,
                       shard);
@@ -161,15 +168,19 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                          shardVocab, layout, ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
-    BackwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
-                       key.overwrite ? logits : tensors[4], status, flags,
+    // logits, labels, lse, lse_low, grad_loss[, grad], status.
+    BackwardOp::create(b, loc, logits, labels, tensors[2], tensors[4],
+                       key.overwrite ? logits : tensors[5], tensors[3], status,
+                       flags,
                        ignoreIndex, smoothingValue, zLossValue, shardStart,
                        shardVocab, layout, ignore, smoothing, zLoss, shard,
                        overwrite);
     break;
   case KernelOp::Fused:
+    // logits, labels, weights, loss, lse, lse_low[, grad], status.
     FusedOp::create(b, loc, logits, labels, tensors[2], tensors[3], tensors[4],
-                    key.overwrite ? logits : tensors[5], status, flags,
+                    key.overwrite ? logits : tensors[6], tensors[5], status,
+                    flags,
                     ignoreIndex, smoothingValue, zLossValue, shardStart,
                     shardVocab, layout, ignore, smoothing, zLoss, shard,
                     overwrite);
@@ -330,12 +341,22 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(addIf(ArgRole::ShardStart, op.getShardStart())) &&
         succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())));
   };
+  // Forward, fused and backward kernels take lse's low part (version 4).
+  auto addLseLow = [&](Operation *op, Value lseLow) -> LogicalResult {
+    if (!lseLow)
+      return op->emitError("a kernel for a bundle passes an lse_low operand "
+                           "to forward, fused and backward ops (bundle "
+                           "format version 4; flag bit 3 says whether it is "
+                           "in force)");
+    return roles.add(ArgRole::LseLow, lseLow);
+  };
   LogicalResult result = success();
   if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
     key.op = KernelOp::Forward;
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
-        succeeded(roles.add(ArgRole::Lse, op.getLse())));
+        succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(addLseLow(op, op.getLseLow())));
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
@@ -345,6 +366,7 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
     key.overwrite = op.getOverwriteInput();
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(addLseLow(op, op.getLseLow())) &&
         succeeded(roles.add(ArgRole::GradLoss, op.getGradLoss())) &&
         succeeded(roles.add(ArgRole::Grad, op.getGrad())));
   } else if (auto op = dyn_cast<FusedOp>(ceOps[0])) {
@@ -359,6 +381,7 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add(ArgRole::Weights, op.getWeights())) &&
         succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
         succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
+        succeeded(addLseLow(op, op.getLseLow())) &&
         succeeded(roles.add(ArgRole::Grad, op.getGrad())));
   } else if (auto op = dyn_cast<RescaleOp>(ceOps[0])) {
     key.op = KernelOp::Rescale;

@@ -96,6 +96,11 @@ public:
     return success();
   }
 
+  /// An optional per-token operand (lse_low): the token shape when given.
+  LogicalResult verifyOptionalTokenOperand(NamedValue operand) {
+    return operand.value ? verifyTokenOperand(operand) : success();
+  }
+
   /// The partial statistics: the token shape followed by 4.
   LogicalResult verifyStats(Value stats) {
     auto type = cast<MemRefType>(stats.getType());
@@ -198,7 +203,8 @@ public:
                  << out.name << "' and '" << other.name
                  << "' are the same buffer";
       for (const NamedValue &in : inputs)
-        if (in.value == out.value && !(in.name == "logits" && out.name == "grad"))
+        if (in.value && in.value == out.value &&
+            !(in.name == "logits" && out.name == "grad"))
           return op->emitOpError("output '")
                  << out.name << "' is the same buffer as input '" << in.name
                  << "'";
@@ -254,12 +260,16 @@ LogicalResult ForwardOp::verify() {
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)))
     return failure();
   return verifier.verifyNoAliasing(
       {{"logits", getLogits()}, {"labels", getLabels()}},
-      {{"loss", getLoss()}, {"lse", getLse()}, {"status", getStatus()}});
+      {{"loss", getLoss()},
+       {"lse", getLse()},
+       {"lse_low", getLseLow()},
+       {"status", getStatus()}});
 }
 
 LogicalResult BackwardOp::verify() {
@@ -268,6 +278,7 @@ LogicalResult BackwardOp::verify() {
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
       failed(verifier.verifyTokenOperand({"grad_loss", getGradLoss()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
       failed(verifier.verifyGradient(getLogits(), getGrad())) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)) ||
@@ -277,6 +288,7 @@ LogicalResult BackwardOp::verify() {
   return verifier.verifyNoAliasing({{"logits", getLogits()},
                                     {"labels", getLabels()},
                                     {"lse", getLse()},
+                                    {"lse_low", getLseLow()},
                                     {"grad_loss", getGradLoss()}},
                                    {{"grad", getGrad()},
                                     {"status", getStatus()}});
@@ -291,7 +303,8 @@ LogicalResult FusedOp::verify() {
   if (failed(verifier.verifyLogits(getLogits())) ||
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
-      failed(verifier.verifyTokenOperand({"lse", getLse()})))
+      failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})))
     return failure();
   if (getWeights().getType().getRank() != 0 &&
       failed(verifier.verifyTokenOperand({"weights", getWeights()})))
@@ -307,6 +320,7 @@ LogicalResult FusedOp::verify() {
                                     {"weights", getWeights()}},
                                    {{"loss", getLoss()},
                                     {"lse", getLse()},
+                                    {"lse_low", getLseLow()},
                                     {"grad", getGrad()},
                                     {"status", getStatus()}});
 }

@@ -76,10 +76,16 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
     return "forward and backward are in different blocks";
   Value gradLoss = bwd.getGradLoss();
   // The fused op would read its weights from a buffer it writes.
-  if (gradLoss == fwd.getLoss() || gradLoss == fwd.getLse())
+  if (gradLoss == fwd.getLoss() || gradLoss == fwd.getLse() ||
+      gradLoss == fwd.getLseLow())
     return std::string("the upstream gradient is the forward's own ") +
-           (gradLoss == fwd.getLoss() ? "loss" : "lse") +
+           (gradLoss == fwd.getLoss()  ? "loss"
+            : gradLoss == fwd.getLse() ? "lse"
+                                       : "lse_low") +
            " buffer, which the fused op writes";
+  // The fused op writes the forward's lse_low; the backward only read one.
+  if (bwd.getLseLow() && bwd.getLseLow() != fwd.getLseLow())
+    return "the backward reads an lse_low the forward does not write";
   if (Operation *def = gradLoss.getDefiningOp()) {
     if (def->getBlock() == fwd->getBlock() && !def->isBeforeInBlock(fwd))
       return "the upstream gradient is defined after the forward";
@@ -88,9 +94,9 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
   // the ops in between.
   for (Operation *op = fwd->getNextNode(); op != bwd; op = op->getNextNode()) {
     Value buffers[] = {fwd.getLogits(), fwd.getLabels(), gradLoss,
-                       bwd.getGrad(), fwd.getLse()};
+                       bwd.getGrad(), fwd.getLse(), fwd.getLseLow()};
     for (Value buffer : buffers)
-      if (mayHaveEffectOn<MemoryEffects::Write>(op, buffer))
+      if (buffer && mayHaveEffectOn<MemoryEffects::Write>(op, buffer))
         return "an operation between forward and backward may write a "
                "buffer the fused op reads or writes ('" +
                op->getName().getStringRef().str() + "')";
@@ -131,7 +137,7 @@ struct CEFuseForwardBackwardPass
       Value status = fwd.getStatus() ? fwd.getStatus() : bwd.getStatus();
       FusedOp::create(builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
                       bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(),
-                      bwd.getGrad(), status, fwd.getFlags(),
+                      bwd.getGrad(), fwd.getLseLow(), status, fwd.getFlags(),
                       fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
                       fwd.getZLossValue(), fwd.getShardStart(),
                       fwd.getShardVocab(), fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),

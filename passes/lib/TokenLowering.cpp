@@ -11,6 +11,7 @@
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
+#include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 
@@ -251,7 +252,13 @@ void CrossEntropyLowering::prepare(FusedOp op) {
 }
 
 void CrossEntropyLowering::lowerToken(ForwardOp op, const Token &t) {
-  buildLossAndLse(t, op.getLoss(), op.getLse());
+  buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow());
+}
+
+Value CrossEntropyLowering::lseLowInForce() {
+  if (config.flags)
+    return flagSet(kFlagLseLow);
+  return arith::ConstantIntOp::create(b, b.getI1Type(), 1);
 }
 
 void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
@@ -261,10 +268,20 @@ void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
     rowBarrier();
   Value lse = memref::LoadOp::create(b, op.getLse(), t.indices);
   Value weight = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
-  // Given only the rounded lse, x_y - lse is the best log p_y there is;
-  // the subtraction itself is exact when p_y is near 1.
+  // x_y - lse is exact when p_y is near 1. With lse's low part the
+  // exponents are (x - lse) - lse_low: their error no longer grows with
+  // |lse|. Without the flag the operand is a placeholder (the runtime passes
+  // the lse view): read, then replaced by 0.
+  Value low;
+  if (Value lseLow = op.getLseLow()) {
+    low = memref::LoadOp::create(b, lseLow, t.indices);
+    low = arith::SelectOp::create(b, lseLowInForce(), low, rows.f32(0.0f));
+  }
   Value logProb = arith::SubFOp::create(b, label.target, lse);
-  buildGradient(t, op.getGrad(), label, lse, logProb, weight);
+  if (low)
+    logProb = arith::SubFOp::create(b, logProb, low);
+  buildGradient(t, op.getGrad(), label, lse, logProb, weight,
+                /*afterStatistics=*/false, low ? lse : Value(), low);
 }
 
 void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
@@ -286,7 +303,8 @@ void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
 }
 
 void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
-  TokenForward forward = buildLossAndLse(t, op.getLoss(), op.getLse());
+  TokenForward forward =
+      buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow());
   Value weight =
       sharedWeight
           ? sharedWeight
@@ -298,7 +316,7 @@ void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
 
 CrossEntropyLowering::TokenForward
 CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
-                                      Value lseOut) {
+                                      Value lseOut, Value lseLowOut) {
   LabelInfo label = readLabel(t);
   RowStats stats =
       rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
@@ -310,9 +328,26 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
   Value logSum = rows.buildLog1p(stats.rest);
   Value logProb = arith::SubFOp::create(b, shifted, logSum);
   Value loss = buildLoss(label, stats, lse, logProb);
+  // lse's low part: lse + low = max + logSum exactly (TwoSum), 0 where lse
+  // is not finite (an all -inf, infinite or NaN row keeps the lse it had).
+  Value low;
+  if (lseLowOut) {
+    Value bv = arith::SubFOp::create(b, lse, stats.max);
+    Value av = arith::SubFOp::create(b, lse, bv);
+    low = arith::AddFOp::create(
+        b, arith::SubFOp::create(b, stats.max, av),
+        arith::SubFOp::create(b, logSum, bv));
+    Value finite = arith::CmpFOp::create(
+        b, arith::CmpFPredicate::OLT, math::AbsFOp::create(b, lse),
+        rows.f32(std::numeric_limits<float>::infinity()));
+    low = arith::SelectOp::create(b, finite, low, rows.f32(0.0f));
+  }
   leaderOnly([&] {
     memref::StoreOp::create(b, loss, lossOut, t.indices);
     memref::StoreOp::create(b, lse, lseOut, t.indices);
+    if (low)
+      buildIf(b, lseLowInForce(),
+              [&] { memref::StoreOp::create(b, low, lseLowOut, t.indices); });
   });
   return {label, lse, logProb, stats.max, logSum};
 }

@@ -171,8 +171,15 @@ public:
     Value logSum;  ///< log(sum_j exp(x_j - rowMax)), lse's unrounded part
   };
 
-  /// Statistics sweep, loss, and the loss and lse stores of one token.
-  TokenForward buildLossAndLse(const Token &t, Value lossOut, Value lseOut);
+  /// Statistics sweep, loss, and the loss and lse stores of one token; with
+  /// `lseLowOut`, also lse's low part (where flag bit 3 is set, or always
+  /// without flags).
+  TokenForward buildLossAndLse(const Token &t, Value lossOut, Value lseOut,
+                               Value lseLowOut = {});
+
+  /// i1: whether an lse_low operand is in force (flag bit 3; true without
+  /// flags).
+  Value lseLowInForce();
 
   ImplicitLocOpBuilder &b;
   RowLoopBuilder rows;

@@ -512,16 +512,18 @@ def _launch_plan(plan: _plans.Plan, what: str, poll: bool) -> None:
 
 
 def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
-            checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss and lse (fp32, the labels' shape, contiguous). The inputs are
-    checked once per call shape (``checked`` is accepted for callers that checked them:
-    a plan's key stands for the checks)."""
+            checked: bool = False, low: bool = False) -> Tuple[torch.Tensor, ...]:
+    """Per-token loss and lse (fp32, the labels' shape, contiguous), and with ``low``
+    lse's low part too (``lse + lse_low`` is the log-sum-exp to twice f32's precision;
+    :func:`backward` takes it so that its gradient's error does not grow with the
+    logits' magnitude). The inputs are checked once per call shape (``checked`` is
+    accepted for callers that checked them: a plan's key stands for the checks)."""
     if options.shard is not None:
         _refuse_shard(options, "the forward")
     try:
         key: Optional[Tuple[Any, ...]] = (
-            "forward", options, logits.dtype, logits.shape, logits.stride(), logits.device,
-            labels.dtype, labels.shape, labels.stride(), labels.device)
+            "forward", options, low, logits.dtype, logits.shape, logits.stride(),
+            logits.device, labels.dtype, labels.shape, labels.stride(), labels.device)
     except Exception:  # not tensors (the checks below say so), or no strides
         key = None
     plans = _plans.thread_plans()
@@ -531,27 +533,32 @@ def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
         plan = _new_plan(plans, key, tokens, logits)
         loss = _empty(tokens, _F32, plan.device)
         lse = _empty(tokens, _F32, plan.device)
+        lse_low = _empty(tokens, _F32, plan.device) if low else None
         if loss.numel() == 0:
-            return loss, lse
+            return (loss, lse, lse_low) if low else (loss, lse)
         bundle, runtime_options = _launch("forward", logits, labels, options, plan.where)
         plan.set_launch(bundle, runtime_options, "ce_forward", (
             describe(logits, "logits"), describe(labels, "labels"), describe(loss, "loss"),
-            describe(lse, "lse")))
+            describe(lse, "lse")), None if lse_low is None else describe(lse_low, "lse_low"))
     else:
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
         lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
+        lse_low = torch.empty_like(loss) if low else None
         if plan.bundle is None:
-            return _poisoned(loss), _poisoned(lse)
+            return ((_poisoned(loss), _poisoned(lse), _poisoned(lse_low)) if low
+                    else (_poisoned(loss), _poisoned(lse)))
         if _poison:
-            loss.fill_(float("nan"))
-            lse.fill_(float("nan"))
+            for tensor in (loss, lse, lse_low):
+                _poisoned(tensor)
     descs = plan.descs
     descs[0].data = logits.data_ptr()
     descs[1].data = labels.data_ptr()
     descs[2].data = loss.data_ptr()
     descs[3].data = lse.data_ptr()
+    if lse_low is not None:
+        plan.low_desc.data = lse_low.data_ptr()
     _launch_plan(plan, "cegen forward", poll=True)
-    return loss, lse
+    return (loss, lse, lse_low) if low else (loss, lse)
 
 
 def _poisoned(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -562,8 +569,13 @@ def _poisoned(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
              grad_loss: torch.Tensor, options: KernelOptions,
-             overwrite: bool, checked: bool = False) -> Optional[torch.Tensor]:
+             overwrite: bool, checked: bool = False,
+             lse_low: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
     """The gradient w.r.t. the logits for the upstream per-token ``grad_loss``.
+
+    ``lse_low`` (optional, fp32, the labels' shape): lse's low part, as :func:`forward`
+    with ``low`` returns it; with it the gradient's error does not grow with the logits'
+    magnitude (without it, ``|lse|`` times 2^-24 in every exponent).
 
     ``grad_loss`` may have any strides, 0 included (``loss.sum()``'s gradient); it is
     described as is. With ``overwrite`` the gradient is written over ``logits`` and None
@@ -577,13 +589,16 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
             key: Optional[Tuple[Any, ...]] = (
                 "backward, checked", options, overwrite, logits.dtype, logits.shape,
                 logits.stride(), logits.device, labels.dtype, labels.stride(), lse.stride(),
-                grad_loss.dtype, grad_loss.stride())
+                grad_loss.dtype, grad_loss.stride(),
+                None if lse_low is None else lse_low.stride())
         else:
             key = ("backward", options, overwrite, logits.dtype, logits.shape,
                    logits.stride(), logits.device, labels.dtype, labels.shape,
                    labels.stride(), labels.device, lse.dtype, lse.shape, lse.stride(),
                    lse.device, grad_loss.dtype, grad_loss.shape, grad_loss.stride(),
-                   grad_loss.device)
+                   grad_loss.device) + (
+                       (None,) if lse_low is None else
+                       (lse_low.dtype, lse_low.shape, lse_low.stride(), lse_low.device))
     except Exception:  # not tensors (the checks below say so), or no strides
         key = None
     plans = _plans.thread_plans()
@@ -597,6 +612,10 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
             _check_token_tensor(grad_loss, "grad_loss", tokens, logits.device)
             if lse.dtype != torch.float32:
                 raise InvalidInputError(f"lse must be float32, got {lse.dtype}")
+            if lse_low is not None:
+                _check_token_tensor(lse_low, "lse_low", tokens, logits.device)
+                if lse_low.dtype != torch.float32:
+                    raise InvalidInputError(f"lse_low must be float32, got {lse_low.dtype}")
         if grad_loss.dtype != torch.float32:
             grad_loss = grad_loss.float()  # the kernels read an fp32 upstream gradient
         plan = _new_plan(plans, key, tokens, logits)
@@ -607,7 +626,8 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
                                           overwrite=overwrite)
         plan.set_launch(bundle, runtime_options, "ce_backward", (
             describe(logits, "logits"), describe(labels, "labels"), describe(lse, "lse"),
-            describe(grad_loss, "grad_loss"), None if grad is None else describe(grad, "grad")))
+            describe(grad_loss, "grad_loss"), None if grad is None else describe(grad, "grad")),
+            None if lse_low is None else describe(lse_low, "lse_low"))
     else:
         if grad_loss.dtype != torch.float32:
             grad_loss = grad_loss.float()  # strides as the plan's: the key holds the input's
@@ -623,14 +643,17 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
     descs[3].data = grad_loss.data_ptr()
     if grad is not None:
         descs[4].data = grad.data_ptr()
+    if lse_low is not None:
+        plan.low_desc.data = lse_low.data_ptr()
     _launch_plan(plan, "cegen backward", poll=False)
     return grad
 
 
 def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-          options: KernelOptions, overwrite: bool,
-          checked: bool = False) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel.
+          options: KernelOptions, overwrite: bool, checked: bool = False,
+          low: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel (and with
+    ``low`` lse's low part last, as :func:`forward` returns it).
 
     ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
     tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
@@ -641,7 +664,7 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         _refuse_shard(options, "the fused forward+backward")
     try:
         key: Optional[Tuple[Any, ...]] = (
-            "fused", options, overwrite, logits.dtype, logits.shape, logits.stride(),
+            "fused", options, overwrite, low, logits.dtype, logits.shape, logits.stride(),
             logits.device, labels.dtype, labels.shape, labels.stride(), labels.device,
             weights.dtype, weights.shape, weights.stride(), weights.device)
     except Exception:  # not tensors (the checks below say so), or no strides
@@ -663,25 +686,29 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         plan = _new_plan(plans, key, tokens, logits)
         loss = _empty(tokens, _F32, plan.device)
         lse = _empty(tokens, _F32, plan.device)
+        lse_low = _empty(tokens, _F32, plan.device) if low else None
         grad = None if overwrite else _empty_like(logits)
         if loss.numel() == 0:
-            return loss, lse, grad
+            return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
         bundle, runtime_options = _launch("fused", logits, labels, options, plan.where,
                                           overwrite=overwrite, weights=kind)
         plan.set_launch(bundle, runtime_options, "ce_fused", (
             describe(logits, "logits"), describe(labels, "labels"),
             describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
-            None if grad is None else describe(grad, "grad")))
+            None if grad is None else describe(grad, "grad")),
+            None if lse_low is None else describe(lse_low, "lse_low"))
     else:
         if weights.dtype != torch.float32:
             weights = weights.float()  # strides as the plan's: the key holds the input's
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
         lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
+        lse_low = torch.empty_like(loss) if low else None
         grad = None if overwrite else torch.empty_like(logits)
         if plan.bundle is None:
-            return _poisoned(loss), _poisoned(lse), _poisoned(grad)
+            outputs = (_poisoned(loss), _poisoned(lse), _poisoned(grad))
+            return outputs + (_poisoned(lse_low),) if low else outputs
         if _poison:
-            for tensor in (loss, lse, grad):
+            for tensor in (loss, lse, grad, lse_low):
                 _poisoned(tensor)
     descs = plan.descs
     descs[0].data = logits.data_ptr()
@@ -691,8 +718,10 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     descs[4].data = lse.data_ptr()
     if grad is not None:
         descs[5].data = grad.data_ptr()
+    if lse_low is not None:
+        plan.low_desc.data = lse_low.data_ptr()
     _launch_plan(plan, "cegen fused forward+backward", poll=True)
-    return loss, lse, grad
+    return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
 
 
 def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,

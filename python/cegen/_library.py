@@ -46,32 +46,36 @@ def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
 
 def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor]:
-    """Per-token (loss, lse)."""
+                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
+    """Per-token (loss, lse, lse_low): lse's low part for the backward."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
                        label_out_of_range)
-    return _kernels.forward(logits, labels, options)
+    loss, lse, lse_low = _kernels.forward(logits, labels, options, low=True)
+    return loss, lse, lse_low
 
 
-def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
-                  ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                  label_layout: str, bundle: Optional[str], label_out_of_range: str) -> Tensor:
+def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
+                  grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
+                  z_loss: float, label_layout: str, bundle: Optional[str],
+                  label_out_of_range: str) -> Tensor:
     """The gradient in a fresh tensor."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
                        label_out_of_range)
-    grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False)
+    grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False,
+                             lse_low=lse_low)
     assert grad is not None
     return grad
 
 
-def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
-                            ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                            label_layout: str, bundle: Optional[str],
-                            label_out_of_range: str) -> None:
+def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
+                            grad_loss: Tensor, ignore_index: Optional[int],
+                            label_smoothing: float, z_loss: float, label_layout: str,
+                            bundle: Optional[str], label_out_of_range: str) -> None:
     """The gradient written over ``logits``."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
                        label_out_of_range)
-    _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True)
+    _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True,
+                      lse_low=lse_low)
 
 
 def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
@@ -106,30 +110,31 @@ def rescale_fused_gradient_impl(grad: Tensor, weights: Tensor, grad_loss: Tensor
 # -- fake (meta) implementations: shapes and dtypes only -------------------------------------
 
 
-def _token_outputs(logits: Tensor, label_layout: str) -> Tuple[Tensor, Tensor]:
+def _token_outputs(logits: Tensor, label_layout: str, count: int = 2) -> Tuple[Tensor, ...]:
     tokens = _kernels.token_shape(logits.shape, label_layout)
-    return (logits.new_empty(tokens, dtype=torch.float32),
-            logits.new_empty(tokens, dtype=torch.float32))
+    return tuple(logits.new_empty(tokens, dtype=torch.float32) for _ in range(count))
 
 
 def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor]:
+                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`forward_impl`."""
-    return _token_outputs(logits, label_layout)
+    loss, lse, lse_low = _token_outputs(logits, label_layout, 3)
+    return loss, lse, lse_low
 
 
-def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
-                  ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                  label_layout: str, bundle: Optional[str], label_out_of_range: str) -> Tensor:
+def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
+                  grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
+                  z_loss: float, label_layout: str, bundle: Optional[str],
+                  label_out_of_range: str) -> Tensor:
     """Fake of :func:`backward_impl`."""
     return torch.empty_like(logits)
 
 
-def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, grad_loss: Tensor,
-                            ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                            label_layout: str, bundle: Optional[str],
-                            label_out_of_range: str) -> None:
+def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
+                            grad_loss: Tensor, ignore_index: Optional[int],
+                            label_smoothing: float, z_loss: float, label_layout: str,
+                            bundle: Optional[str], label_out_of_range: str) -> None:
     """Fake of :func:`backward_overwrite_impl`."""
     return None
 
@@ -147,7 +152,8 @@ def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
                          label_layout: str, bundle: Optional[str],
                          label_out_of_range: str) -> Tuple[Tensor, Tensor]:
     """Fake of :func:`fused_overwrite_impl`."""
-    return _token_outputs(logits, label_layout)
+    loss, lse = _token_outputs(logits, label_layout)
+    return loss, lse
 
 
 def rescale_fused_gradient_fake(grad: Tensor, weights: Tensor, grad_loss: Tensor,

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 3
+CE_RUNTIME_BUNDLE_VERSION = 4
 
 
 class Status:
@@ -152,6 +152,9 @@ class Options(ctypes.Structure):
         ("shard_vocab", ctypes.c_int64),
         ("shard_global_smoothing", ctypes.c_int32),
         ("label_policy", ctypes.c_int),
+        # const struct ce_tensor *: lse's low part (NULL: none). A void pointer so
+        # that a plan points it at a descriptor it keeps (cegen._plans).
+        ("lse_low", ctypes.c_void_p),
     ]
 
 

@@ -1,7 +1,7 @@
 """Kernel variant keys, spelled exactly as ``ce::KernelVariantKey::str()`` spells them.
 
 ``runtime/include/ce/runtime/VariantKey.h`` is the reference; ``docs/bundle-format.md``
-documents the fields (bundle format version 3). Python needs the same string to tell
+documents the fields (bundle format version 3 and later). Python needs the same string to tell
 which bundle holds a kernel and to ask ``ce-gen`` for a missing one. Option values
 (ignore_index, the smoothing and z-loss coefficients, a shard's bounds and how it smooths)
 are kernel arguments, not part of a key: a key says only whether smoothing and z-loss are

@@ -162,8 +162,8 @@ def _zero_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 
 def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     labels: torch.Tensor, lse: torch.Tensor, grad_loss: torch.Tensor,
-                     options: KernelOptions, chunk: int,
+                     labels: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
+                     grad_loss: torch.Tensor, options: KernelOptions, chunk: int,
                      grad_hidden: Optional[torch.Tensor] = None):
     """The backward that recomputes each chunk's logits: correct for any ``grad_loss``.
     ``grad_hidden`` given (the fused schedule's, already rescaled): only ``d weight`` and
@@ -175,7 +175,7 @@ def _recompute_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[
     for start, end in _chunks(hidden.shape[0], chunk):
         logits = _logits_of(hidden[start:end], weight, bias)
         _kernels.backward(logits, labels[start:end], lse[start:end], grad_loss[start:end],
-                          options, overwrite=True)
+                          options, overwrite=True, lse_low=lse_low[start:end])
         _accumulate(grad_hidden[start:end] if own_hidden else None, grad_weight, grad_bias,
                     logits, hidden[start:end], weight, first=start == 0)
         del logits  # released before the next chunk's: one chunk of logits at a time
@@ -243,7 +243,7 @@ class _VocabParallel:
 def _sharded_lse(hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                  labels: torch.Tensor, options: KernelOptions, chunk: int,
                  tp: _VocabParallel) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse) of every token from the slice's statistics, chunk by chunk, and one
+    """(loss, lse, lse_low) of every token from the slice's statistics, chunk by chunk, and one
     all-reduce for all of them (the schedule whose backward recomputes)."""
     gathered = stats_slots(tp.world, (hidden.shape[0],), hidden.device)
     for start, end in _chunks(hidden.shape[0], chunk):
@@ -284,11 +284,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
         ctx.reduction, ctx.exact = reduction, exact
         ctx.weights_version = None if weights is None else weights._version
         if tp is not None and not fused:
-            loss, lse = _sharded_lse(hidden, weight, bias, labels, options, chunk, tp)
-            ctx.save_for_backward(hidden, weight, bias, labels, lse, None, None)
+            loss, lse, lse_low = _sharded_lse(hidden, weight, bias, labels, options, chunk, tp)
+            ctx.save_for_backward(hidden, weight, bias, labels, lse, lse_low, None, None)
             return _reduced(loss, weights, reduction)
         loss = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
         lse = torch.empty((num_tokens,), dtype=torch.float32, device=hidden.device)
+        # lse's low part: a recomputing backward's gradient is then exact at any |logits|.
+        lse_low = torch.empty_like(lse)
         kernel_weights = keep = None
         if fused:
             grads = _zero_grads(hidden, weight, bias)
@@ -304,23 +306,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 chunk_weights = (kernel_weights if kernel_weights.dim() == 0
                                  else kernel_weights[start:end])
                 if tp is None:
-                    loss_c, lse_c, _ = _kernels.fused(logits, labels[start:end], chunk_weights,
-                                                      options, overwrite=True)
+                    loss_c, lse_c, _, low_c = _kernels.fused(
+                        logits, labels[start:end], chunk_weights, options, overwrite=True,
+                        low=True)
                 else:  # the statistics' all-reduce first: the gradient needs the global lse
-                    loss_c, lse_c = _sharded_forward(logits, labels[start:end], tp.group,
-                                                     tp.rank, tp.world, options)
+                    loss_c, lse_c, low_c = _sharded_forward(
+                        logits, labels[start:end], tp.group, tp.rank, tp.world, options)
                     _kernels.backward(logits, labels[start:end], lse_c,
                                       chunk_weights.expand(end - start), options,
-                                      overwrite=True)
+                                      overwrite=True, lse_low=low_c)
                 _accumulate(grads[0][start:end], grads[1], grads[2], logits,
                             hidden[start:end], weight,
                             None if keep is None else keep[start:end], first=start == 0)
             else:
-                loss_c, lse_c = _kernels.forward(logits, labels[start:end], options)
+                loss_c, lse_c, low_c = _kernels.forward(logits, labels[start:end], options,
+                                                        low=True)
             loss[start:end] = loss_c
             lse[start:end] = lse_c
+            lse_low[start:end] = low_c
             del logits
-        ctx.save_for_backward(hidden, weight, bias, labels, lse, weights, kernel_weights)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, lse_low, weights,
+                              kernel_weights)
         # Not saved tensors: the backward hands them on (or drops them) and releases them,
         # so that they do not live on with the graph; a second backward of a retained graph
         # recomputes.
@@ -330,7 +336,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        hidden, weight, bias, labels, lse, weights, kernel_weights = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, lse_low, weights, kernel_weights = ctx.saved_tensors
         if ctx.reduction != "none":
             # Every token's upstream gradient is grad_out * weights (weights: the
             # reduction's 0-d weight); stride 0, as loss.sum()'s.
@@ -339,9 +345,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_loss = grad_out
         if ctx.grads is not None:  # handed on and released by _finish_fused
             grads = _finish_fused(ctx, grad_out, grad_loss, hidden, weight, bias, labels, lse,
+                                  lse_low,
                                   weights, kernel_weights)
         else:
-            grads = _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
+            grads = _recompute_grads(hidden, weight, bias, labels, lse, lse_low,
+                                     grad_loss.float(),
                                      ctx.options, ctx.chunk)
         if ctx.tp is not None and ctx.tp.reduce_grad_hidden and ctx.needs_input_grad[0]:
             # Every rank reduces once per backward, whichever branch it took: d hidden is
@@ -360,7 +368,8 @@ def _reduced(loss: torch.Tensor, weights: Optional[torch.Tensor],
 
 def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
                   hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                  labels: torch.Tensor, lse: torch.Tensor, weights: torch.Tensor,
+                  labels: torch.Tensor, lse: torch.Tensor, lse_low: torch.Tensor,
+                  weights: torch.Tensor,
                   kernel_weights: torch.Tensor):
     """The forward's gradients ``ctx.grads`` (for the upstream ``kernel_weights``, the
     zero-weight tokens left out of d weight and d bias), taken from ``ctx``, turned into
@@ -389,7 +398,7 @@ def _finish_fused(ctx: Any, grad_out: torch.Tensor, grad_loss: torch.Tensor,
         return grad_hidden, grad_weight, grad_bias  # g is grad_weights: d weight is the answer
     if ctx.exact:  # right for any g: d weight and d bias from g itself
         del grad_weight, grad_bias  # released before the recompute allocates its own
-        return _recompute_grads(hidden, weight, bias, labels, lse, grad_loss.float(),
+        return _recompute_grads(hidden, weight, bias, labels, lse, lse_low, grad_loss.float(),
                                 ctx.options, ctx.chunk, grad_hidden=grad_hidden)
     if grad_loss.numel() == 0:
         return grad_hidden, grad_weight, grad_bias  # no token: nothing to scale

@@ -59,8 +59,8 @@ class _CrossEntropyFunction(torch.autograd.Function):
                 overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
                    label_out_of_range)
-        loss, lse = _library.forward(logits, labels, *op_args)
-        ctx.save_for_backward(logits, labels, lse)
+        loss, lse, lse_low = _library.forward(logits, labels, *op_args)
+        ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.op_args = op_args
         ctx.overwrite = overwrite
         ctx.mark_non_differentiable(lse)
@@ -70,13 +70,13 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor,  # type: ignore[override]
                  grad_lse: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
-        logits, labels, lse = ctx.saved_tensors
+        logits, labels, lse, lse_low = ctx.saved_tensors
         if ctx.overwrite:
-            _library.backward_overwrite(logits, labels, lse, grad_loss, *ctx.op_args)
+            _library.backward_overwrite(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
             bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
             grad = logits.detach()
         else:
-            grad = _library.backward(logits, labels, lse, grad_loss, *ctx.op_args)
+            grad = _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
         return grad, None, None, None, None, None, None, None, None
 
 
@@ -151,8 +151,9 @@ class _EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 options: KernelOptions, overwrite: bool) -> torch.Tensor:
-        loss, lse = _kernels.forward(logits, labels, options, True)
-        ctx.save_for_backward(logits, labels, lse)
+        # lse's low part, for a backward whose error does not grow with |logits|.
+        loss, lse, lse_low = _kernels.forward(logits, labels, options, True, True)
+        ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.options = options
         ctx.overwrite = overwrite
         return loss
@@ -160,13 +161,14 @@ class _EagerCrossEntropy(torch.autograd.Function):
     @staticmethod
     @_once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        logits, labels, lse = ctx.saved_tensors
+        logits, labels, lse, lse_low = ctx.saved_tensors
         if ctx.overwrite:
-            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, True, True)
+            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, True, True, lse_low)
             bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
             grad = logits.detach()
         else:
-            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options, False, True)
+            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options, False, True,
+                                     lse_low)
         return grad, None, None, None
 
 
@@ -322,7 +324,7 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
         weights = _weights_tensor(grad_weights, logits)
         return _FusedCrossEntropyFunction.apply(logits, labels, weights, *_op_args(options), overwrite)
     if not needs_grad:
-        loss, _ = _library.forward(logits, labels, *_op_args(options))
+        loss, _, _ = _library.forward(logits, labels, *_op_args(options))
         return loss
     loss, _ = _CrossEntropyFunction.apply(logits, labels, *_op_args(options), overwrite)
     return loss
@@ -345,7 +347,7 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
                label_out_of_range)
     if not (torch.is_grad_enabled() and logits.requires_grad):
-        loss, _ = _library.forward(logits, labels, *op_args)
+        loss, _, _ = _library.forward(logits, labels, *op_args)
         return loss
     if grad_weights is not None:
         if isinstance(grad_weights, torch.Tensor):

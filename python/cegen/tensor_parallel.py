@@ -61,8 +61,11 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
                         ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                         vocab_local: int, vocab: int, global_smoothing: bool,
                         rank: int, label_out_of_range: str = "error",
-                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+                        with_low: bool = False) -> Tuple[torch.Tensor, ...]:
     """Per-token (loss, lse) from every rank's shard statistics; fp32, the labels' shape.
+    With ``with_low``, (loss, lse, lse_low): ``lse + lse_low`` is ``M + log1p(rest)`` to
+    twice f32's precision (the sharded backward's ``lse_low``, whose gradient's error then
+    does not grow with the logits' magnitude).
 
     Args:
         gathered: ``[world, *tokens, 4]``: slot ``r`` holds rank r's (max, rest, target,
@@ -145,7 +148,18 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         loss = loss + z_loss * lse * lse
     if ignore_index is not None:
         loss = loss.masked_fill(labels == ignore_index, 0.0)
-    return loss, lse
+    if not with_low:
+        return loss, lse
+    return loss, lse, _sum_low(top, log1p_rest, lse)
+
+
+def _sum_low(a: torch.Tensor, b: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The rounding error of the f32 sum ``total = a + b`` (Knuth's TwoSum, exact for any
+    order of magnitude; 0 where the sum is not finite): ``a + b = total + low`` exactly."""
+    b_part = total - a
+    a_part = total - b_part
+    low = (a - a_part) + (b - b_part)
+    return torch.where(torch.isfinite(total), low, torch.zeros_like(low))
 
 
 # -- the process group --------------------------------------------------------------------
@@ -185,9 +199,10 @@ def write_shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: Kerne
 
 def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
                        world: int, options: KernelOptions,
-                       vocab_local: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                       vocab_local: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The one all-reduce (SUM: every other slot is 0, so it is an all-gather) and the
-    combine: (loss, lse) of this rank from ``gathered`` with its own slot filled."""
+    combine: (loss, lse, lse_low) of this rank from ``gathered`` with its own slot
+    filled."""
     if world > 1:
         torch.distributed.all_reduce(gathered, group=group)
     shard = options.shard
@@ -196,13 +211,15 @@ def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any,
         label_smoothing=options.label_smoothing, z_loss=options.z_loss,
         vocab_local=vocab_local, vocab=shard.vocab,
         global_smoothing=shard.global_smoothing, rank=rank,
-        label_out_of_range=options.label_out_of_range,
+        label_out_of_range=options.label_out_of_range, with_low=True,
     )
 
 
 def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
-                     world: int, options: KernelOptions) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse) of this rank: its shard statistics, one all-reduce, the combine."""
+                     world: int, options: KernelOptions
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, lse_low) of this rank: its shard statistics, one all-reduce, the
+    combine."""
     gathered = stats_slots(world, tuple(labels.shape), logits.device)
     write_shard_stats(logits, labels, options, gathered[rank])
     return reduce_and_combine(gathered, labels, group, rank, world, options, logits.shape[-1])
@@ -215,8 +232,8 @@ class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 group: Any, rank: int, world: int, options: KernelOptions,
                 overwrite: bool) -> torch.Tensor:
-        loss, lse = _sharded_forward(logits, labels, group, rank, world, options)
-        ctx.save_for_backward(logits, labels, lse)
+        loss, lse, lse_low = _sharded_forward(logits, labels, group, rank, world, options)
+        ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.options = options
         ctx.overwrite = overwrite
         return loss
@@ -224,13 +241,15 @@ class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        logits, labels, lse = ctx.saved_tensors
+        logits, labels, lse, lse_low = ctx.saved_tensors
         if ctx.overwrite:
-            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True)
+            _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True,
+                              lse_low=lse_low)
             bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
             grad = logits.detach()
         else:
-            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=False)
+            grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options,
+                                     overwrite=False, lse_low=lse_low)
         return grad, None, None, None, None, None, None
 
 
@@ -264,7 +283,7 @@ def vocab_parallel_cross_entropy_vouched(
     options = dataclasses.replace(options, shard=shard)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     if not needs_grad:
-        loss, _ = _sharded_forward(logits, labels, group, rank, world, options)
+        loss = _sharded_forward(logits, labels, group, rank, world, options)[0]
         return loss
     overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
     return _VocabParallelCrossEntropyFunction.apply(logits, labels, group, rank, world, options,

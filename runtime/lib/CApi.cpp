@@ -78,6 +78,7 @@ CE_EXPORT void ce_options_init(ce_options *options) {
   options->shard_vocab = 0;
   options->shard_global_smoothing = 0;
   options->label_policy = CE_LABEL_POLICY_STRICT;
+  options->lse_low = nullptr;
 }
 
 CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {

@@ -26,8 +26,9 @@ namespace ce {
 
 namespace {
 
-/// At most 7 tensors and the value arguments.
-constexpr size_t kMaxArgs = 7 + std::size(kValueRoles);
+/// At most 8 tensors (a fused kernel's 7 and lse_low) and the value
+/// arguments.
+constexpr size_t kMaxArgs = 8 + std::size(kValueRoles);
 /// allocated, aligned, offset, sizes[3], strides[3].
 constexpr size_t kMaxFieldsPerArg = 3 + 2 * CE_MAX_RANK;
 
@@ -199,12 +200,12 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
       params.addDescriptor(word);
       continue;
     }
-    if (!plan.has(arg.role))
+    if (!plan.provides(arg.role))
       return Status::error(CE_ERROR_BACKEND,
                            "kernel \"" + info.key + "\" takes argument '" +
                                stringify(arg.role) +
                                "' that this call does not provide");
-    const ce_tensor &tensor = plan.tensor(arg.role);
+    const ce_tensor &tensor = plan.argument(arg.role);
     if (tensor.ndim != arg.rank)
       return Status::error(CE_ERROR_BACKEND,
                            "kernel \"" + info.key + "\" expects argument '" +

@@ -58,7 +58,7 @@ void *fillDescriptor(AnyMemRef &storage, const ce_tensor &tensor) {
 
 /// Tensors per kernel: 4 (shard_stats) to 7 (fused with a gradient).
 constexpr size_t kMinTensors = 3; // rescale: grad, weights, grad_loss
-constexpr size_t kMaxTensors = 7;
+constexpr size_t kMaxTensors = 8; // fused: 7 and lse_low
 constexpr size_t kNumValues = std::size(kValueRoles);
 
 /// `void *`, whatever the index; spells one parameter per index below.
@@ -94,6 +94,8 @@ void callEntry(void *entry, const std::array<void *, kMaxTensors> &args,
     return callWithPointers(entry, args, values, std::make_index_sequence<6>());
   case 7:
     return callWithPointers(entry, args, values, std::make_index_sequence<7>());
+  case 8:
+    return callWithPointers(entry, args, values, std::make_index_sequence<8>());
   }
 }
 
@@ -109,7 +111,7 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the host ABI has 3 to 7 tensors "
+                             " arguments; the host ABI has 3 to 8 tensors "
                              "and " + std::to_string(kNumValues) + " values");
   std::array<AnyMemRef, kMaxTensors> storage;
   std::array<void *, kMaxTensors> pointers{};
@@ -123,12 +125,12 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
     const KernelArg &arg = info.args[i];
     const ce_tensor *tensor = &statusTensor;
     if (arg.role != ArgRole::Status) {
-      if (!plan.has(arg.role))
+      if (!plan.provides(arg.role))
         return Status::error(CE_ERROR_BACKEND,
                              "kernel \"" + info.key + "\" takes argument '" +
                                  stringify(arg.role) +
                                  "' that this call does not provide");
-      tensor = &plan.tensor(arg.role);
+      tensor = &plan.argument(arg.role);
     }
     if (tensor->ndim != arg.rank)
       return Status::error(CE_ERROR_BACKEND,

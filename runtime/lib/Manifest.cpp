@@ -163,8 +163,9 @@ Status ManifestReader::read(Manifest &manifest) {
             " is older than version " + std::to_string(kBundleFormatVersion) +
             ", the only one this runtime reads (since version 3 option values "
             "such as ignore_index, label_smoothing and z_loss are kernel "
-            "arguments, not compiled in); regenerate the bundle with this "
-            "version's ce-gen");
+            "arguments, not compiled in; since version 4 forward, fused and "
+            "backward kernels take lse's low part, lse_low); regenerate the "
+            "bundle with this version's ce-gen");
   if (manifest.version > kBundleFormatVersion)
     return errorAt(
         *version,

@@ -323,6 +323,13 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   for (const NamedTensor &arg : args)
     if (!arg.tensor)
       return invalid(arg.name, "is NULL");
+  // lse's low part, optional: written by a forward and a fused kernel, read
+  // by a backward; a shard_stats or rescale call ignores it (one options
+  // struct may serve every call of a step).
+  if (options.lse_low && (op == KernelOp::Forward || op == KernelOp::Fused ||
+                          op == KernelOp::Backward))
+    args.push_back({"options->lse_low", ArgRole::LseLow, options.lse_low,
+                    op != KernelOp::Backward});
   if (takesGrad) {
     if (overwrite) {
       if (request.grad && !sameView(*request.grad, *request.logits))
@@ -435,6 +442,7 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
       break;
     case ArgRole::Loss:
     case ArgRole::Lse:
+    case ArgRole::LseLow:
     case ArgRole::GradLoss:
       if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
           !status.isOk())

@@ -68,6 +68,17 @@ struct LaunchPlan {
   }
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
 
+  /// Whether a kernel argument of `role` gets a tensor, and which: its own,
+  /// or for an absent lse_low the lse view as a placeholder (kFlagLseLow
+  /// unset: the kernel neither writes nor uses it).
+  bool provides(ArgRole role) const {
+    return has(role) || (role == ArgRole::LseLow && has(ArgRole::Lse));
+  }
+  const ce_tensor &argument(ArgRole role) const {
+    return role == ArgRole::LseLow && !has(role) ? tensor(ArgRole::Lse)
+                                                 : tensor(role);
+  }
+
   /// The kernel's value arguments (docs/bundle-format.md).
   KernelValues values() const {
     KernelValues values;
@@ -77,6 +88,8 @@ struct LaunchPlan {
       values.flags |= kFlagIgnoreIndex;
       values.ignoreIndex = options.ignore_index;
     }
+    if (has(ArgRole::LseLow))
+      values.flags |= kFlagLseLow;
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
     // Backward and shard_stats kernels take a slice; unsharded, [0, V) of V.

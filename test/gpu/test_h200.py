@@ -56,6 +56,7 @@ Results go to OUT/results.json and OUT/log.txt; the last lines printed are a sum
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import math
@@ -644,6 +645,21 @@ def check_token_values(report: Report, p: Problem, what: str, kernel: torch.Tens
         f"{fmt(float(ref[bad[0]]))}"))
 
 
+def check_lse_low(report: Report, p: Problem, lse: torch.Tensor, low: torch.Tensor,
+                  stats: Stats, case: str) -> None:
+    """lse + lse_low against the float64 log-sum-exp: log(sum) to f32's precision at any
+    row maximum (NumericsTest's checkLseLow)."""
+    lse64, low64 = lse.to(torch.float64).cpu(), low.to(torch.float64).cpu()
+    finite = torch.isfinite(stats.lse) & torch.isfinite(lse64)
+    tolerance = 1e-5 * (stats.lse - stats.max).clamp(min=1.0)
+    error = ((lse64 + low64) - stats.lse).abs()
+    bad = (finite & ~(error <= tolerance)).nonzero().flatten().tolist()
+    report.check(not bad, p.key.text, case, lambda: (
+        f"lse + lse_low of {len(bad)} tokens off; first {p.where(bad[0])}: kernel "
+        f"{fmt(float(lse64[bad[0]]))} + {fmt(float(low64[bad[0]]))}, reference "
+        f"{fmt(float(stats.lse[bad[0]]))}"))
+
+
 def check_grad(report: Report, p: Problem, kernel_rows: torch.Tensor, ref: torch.Tensor,
                term: torch.Tensor, case: str) -> None:
     if ref.numel() == 0:
@@ -704,11 +720,24 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
     stream = h.stream()
     lse_used = stats.lse.clone()
     loss = lse = grad = lse_input = None
+    # Every other case passes ce_options.lse_low (bundle format 4): forward and fused
+    # write lse's low part, the backward reads it and is then checked against the exact
+    # reference, as the fused kernel is (NumericsTest does the same on the host).
+    with_low = bool(torch.randint(0, 2, (1,), generator=gen))
+    low = Buffer(torch.float32, p.token_shape, p.token_strides(4), dev) if with_low else None
+    low_desc = h.desc(low.view, "f32") if with_low else None
+
+    def options(overwrite: bool):  # type: ignore[no-untyped-def]
+        opts = h.options(key, overwrite, case.megatron_labels)
+        if low_desc is not None:
+            opts.lse_low = ctypes.addressof(low_desc)
+        return opts
+
     try:
         if key.op == "forward":
             loss = Buffer(torch.float32, p.token_shape, p.token_strides(3), dev)
             lse = Buffer(torch.float32, p.token_shape, p.token_strides(2), dev)
-            h.rt.forward(h.kernels[key.text], h.options(key, False, case.megatron_labels),
+            h.rt.forward(h.kernels[key.text], options(False),
                          h.desc(logits.view, key.logits),
                          h.desc(labels.view, key.labels), h.desc(loss.view, "f32"),
                          h.desc(lse.view, "f32"), stream)
@@ -718,18 +747,28 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             if forward_text in h.kernels and n:
                 f_loss = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
                 f_lse = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
-                h.rt.forward(h.kernels[forward_text], h.options(key, False, case.megatron_labels),
+                # The forward writes the low part straight into the backward's input.
+                h.rt.forward(h.kernels[forward_text], options(False),
                              h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                              h.desc(f_loss.view, "f32"), h.desc(f_lse.view, "f32"), stream)
                 lse_used = p.token_values(f_lse.view).to(torch.float64).cpu()
             else:
                 lse_used = stats.lse.to(torch.float32).to(torch.float64)
+                if with_low and n:
+                    exact_low = torch.where(torch.isfinite(lse_used), stats.lse - lse_used,
+                                            torch.zeros_like(lse_used))
+                    low.view.copy_(exact_low.reshape(p.token_shape).to(torch.float32).to(dev))
             if n:
                 lse_input.view.copy_(lse_used.reshape(p.token_shape).to(torch.float32).to(dev))
             lse_input_before = lse_input.storage.clone()
+            if with_low:
+                h.sync()
+                low_before = low.storage.clone()
+                if n:
+                    lse_used = lse_used + p.token_values(low.view).to(torch.float64).cpu()
             if not key.overwrite:
                 grad = Buffer(ldt, p.logits_shape(), p.grad_strides(), dev)
-            h.rt.backward(h.kernels[key.text], h.options(key, key.overwrite, case.megatron_labels),
+            h.rt.backward(h.kernels[key.text], options(key.overwrite),
                           h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                           h.desc(lse_input.view, "f32"), h.desc(scale_buffer.view, "f32"),
                           None if grad is None else h.desc(grad.view, key.logits), stream)
@@ -738,7 +777,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             lse = Buffer(torch.float32, p.token_shape, p.token_strides(2), dev)
             if not key.overwrite:
                 grad = Buffer(ldt, p.logits_shape(), p.grad_strides(), dev)
-            h.rt.fused(h.kernels[key.text], h.options(key, key.overwrite, case.megatron_labels),
+            h.rt.fused(h.kernels[key.text], options(key.overwrite),
                        h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                        h.desc(scale_buffer.view, "f32"), h.desc(loss.view, "f32"),
                        h.desc(lse.view, "f32"), None if grad is None else h.desc(grad.view, key.logits),
@@ -754,6 +793,9 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
     if key.op == "backward":
         report.check(bool(torch.equal(lse_input.storage, lse_input_before)), key.text, name,
                      lambda: "lse (input) was modified")
+        if with_low:
+            report.check(bool(torch.equal(low.storage, low_before)), key.text, name,
+                         lambda: "lse_low (input) was modified")
     if scale_buffer is not None:
         report.check(bool(torch.equal(scale_buffer.storage, scale_before)), key.text, name,
                      lambda: "grad_loss/weights were modified")
@@ -774,17 +816,23 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             check_token_values(report, p, "loss", p.token_values(loss.view), ref_loss, ignored, name)
             check_token_values(report, p, "lse", p.token_values(lse.view), stats.lse,
                                torch.zeros_like(ignored), name)
+        if with_low:
+            report.check(low.padding_intact(), key.text, name, lambda: "lse_low padding written")
+            if n:
+                check_lse_low(report, p, p.token_values(lse.view), p.token_values(low.view),
+                              stats, name)
     if key.op != "forward" and n:
         written = logits if key.overwrite else grad
         if not key.overwrite:
             report.check(grad.padding_intact(), key.text, name, lambda: "grad padding written")
-        if key.op == "backward":
+        # Given lse's low part the backward is as exact as the fused kernel.
+        exact = key.op == "fused" or with_low
+        if not exact:
             target = p.x.gather(1, p.labels.clamp(0, v - 1)[:, None])[:, 0] - lse_used
         else:
             target = stats.log_prob(p.x, p.labels)
         ref, term = reference_grad(p.x, p.labels, lse_used, target, p.scale, key,
-                                   case.megatron_labels,
-                                   exact=stats if key.op == "fused" else None)
+                                   case.megatron_labels, exact=stats if exact else None)
         check_grad(report, p, p.logits_rows(written.view.cpu()), ref, term, name)
 
 
@@ -1266,8 +1314,9 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
         static_grad_loss.uniform_(-2, 2, generator=gen)
 
     def step():
-        loss, lse = _library.forward(static_logits, static_labels, *args)
-        grad = _library.backward(static_logits, static_labels, lse, static_grad_loss, *args)
+        loss, lse, lse_low = _library.forward(static_logits, static_labels, *args)
+        grad = _library.backward(static_logits, static_labels, lse, lse_low, static_grad_loss,
+                                 *args)
         return loss, grad
 
     side = torch.cuda.Stream(dev)
@@ -1319,7 +1368,7 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
         labels16 = torch.randint(0, 4095, (b_len, s_len), device=dev)
         other = torch.cuda.CUDAGraph()
         with torch.cuda.graph(other):
-            loss16, _ = _library.forward(logits16, labels16, None, fresh_key.label_smoothing,
+            loss16, _, _ = _library.forward(logits16, labels16, None, fresh_key.label_smoothing,
                                          fresh_key.z_loss, "bs", None, "error")
         other.replay()
         torch.cuda.synchronize()

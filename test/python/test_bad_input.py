@@ -262,17 +262,19 @@ class TestFakeImplementations(unittest.TestCase):
     def test_shapes_and_dtypes(self) -> None:
         logits = torch.empty((5, 3, 11), dtype=torch.bfloat16, device="meta")
         labels = torch.empty((3, 5), dtype=torch.int64, device="meta")
-        loss, lse = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error")
+        loss, lse, low = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error")
         self.assertEqual((tuple(loss.shape), loss.dtype, loss.device.type), ((3, 5), torch.float32, "meta"))
         self.assertEqual(tuple(lse.shape), (3, 5))
-        grad = _library.backward_fake(logits, labels, lse, loss, None, 0.0, 0.0, "bs", None, "megatron")
+        self.assertEqual((tuple(low.shape), low.dtype), ((3, 5), torch.float32))
+        grad = _library.backward_fake(logits, labels, lse, low, loss, None, 0.0, 0.0, "bs", None,
+                                      "megatron")
         self.assertEqual((tuple(grad.shape), grad.dtype), ((5, 3, 11), torch.bfloat16))
         loss, lse, grad = _library.fused_fake(logits, labels, torch.empty((), device="meta"), None, 0.0,
                                               0.0, "sb", None, "megatron")
         self.assertEqual(tuple(loss.shape), (5, 3))
         self.assertEqual(tuple(grad.shape), (5, 3, 11))
-        self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, loss, None, 0.0, 0.0,
-                                                           "bs", None, "error"))
+        self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, low, loss, None, 0.0,
+                                                           0.0, "bs", None, "error"))
         flat = torch.empty((7, 11), dtype=torch.float16, device="meta")
         loss, _ = _library.fused_overwrite_fake(flat, torch.empty((7,), dtype=torch.int32, device="meta"),
                                                 torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None,

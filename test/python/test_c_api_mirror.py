@@ -32,6 +32,8 @@ C_TYPES = {
     "int32_t": ctypes.c_int32,
     "int64_t": ctypes.c_int64,
     "float": ctypes.c_float,
+    # A descriptor the caller owns (ce_options.lse_low); a plan points it at its own.
+    "const struct ce_tensor *": ctypes.c_void_p,
 }
 
 

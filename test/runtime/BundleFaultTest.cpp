@@ -608,23 +608,25 @@ TEST(BundleIntegrity, ChangedManifestNamesBothHashes) {
 }
 
 TEST(BundleIntegrity, OlderVersionsAreRefusedEvenWithIntactHashes) {
-  // A version 1 or 2 bundle whose object and manifest are intact (version
-  // 1 may carry both hashes too) is refused: its kernels take no value
-  // arguments. The message names both versions; no object is loaded.
+  // A version 1, 2 or 3 bundle whose object and manifest are intact
+  // (version 1 may carry both hashes too) is refused: its kernels take no
+  // value arguments, or no lse_low (version 3). The message names both versions; no object is loaded.
   std::string hash = sha256Of(fakeKernelBytes());
   std::string v1 =
       replaceOnce(oneKernel(1), "\"kind\": \"shared-object\"",
                   "\"kind\": \"shared-object\", \"sha256\": \"" + hash + "\"");
-  for (const std::string &manifest : {oneKernel(1), v1, oneKernel(2)}) {
+  for (const std::string &manifest :
+       {oneKernel(1), v1, oneKernel(2), oneKernel(3)}) {
     TempDir dir;
     writeBundle(dir, fakeKernelBytes(), manifest);
     std::string message = openFails(dir.path());
     EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
-    EXPECT_THAT(message, HasSubstr(" is older than version 3, the only one "
+    EXPECT_THAT(message, HasSubstr(" is older than version 4, the only one "
                                    "this runtime reads"));
-    EXPECT_THAT(message,
-                HasSubstr("bundle format version " +
-                          std::string(manifest == oneKernel(2) ? "2" : "1")));
+    EXPECT_THAT(message, HasSubstr("bundle format version " +
+                                   std::string(manifest == oneKernel(3)   ? "3"
+                                               : manifest == oneKernel(2) ? "2"
+                                                                          : "1")));
   }
 }
 

@@ -181,18 +181,19 @@ TEST(BundleOpen, WrongFormat) {
 TEST(BundleOpen, NewerVersionNamesBothVersions) {
   TempDir dir;
   std::string manifest =
-      replaceOnce(oneKernelManifest(), kVersion, "\"version\": 4");
+      replaceOnce(oneKernelManifest(), kVersion, "\"version\": 5");
   // A newer version may change anything, so nothing else is read.
-  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v4\"");
+  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v5\"");
   std::string message = openFails(writeBundle(dir, manifest));
-  EXPECT_THAT(message, HasSubstr("bundle format version 4 is newer than "
-                                 "version 3"));
+  EXPECT_THAT(message, HasSubstr("bundle format version 5 is newer than "
+                                 "version 4"));
 }
 
 TEST(BundleOpen, OlderVersionsAreRefusedNamingBothVersions) {
   // Versions 1 and 2 compiled the option values into the kernels, which
-  // took no value arguments: a version 3 runtime cannot call them.
-  for (int version : {1, 2}) {
+  // took no value arguments; version 3's took no lse_low: a version 4
+  // runtime cannot call them.
+  for (int version : {1, 2, 3}) {
     SCOPED_TRACE(version);
     TempDir dir;
     std::string message = openFails(writeBundle(
@@ -200,7 +201,7 @@ TEST(BundleOpen, OlderVersionsAreRefusedNamingBothVersions) {
     EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
     EXPECT_THAT(message,
                 HasSubstr("bundle format version " + std::to_string(version) +
-                          " is older than version 3"));
+                          " is older than version 4"));
     EXPECT_THAT(message, HasSubstr("regenerate the bundle"));
   }
 }
@@ -350,7 +351,8 @@ TEST(BundleOpen, DuplicateKernel) {
 TEST(BundleOpen, ArgsMustFitTheVariant) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  // canonical: logits, labels, loss, lse, status, then the six values.
+  // canonical: logits, labels, loss, lse, lse_low, status, then the six
+  // values.
   auto with = [&](const std::function<void(Args &)> &change) {
     Args args = canonical;
     change(args);
@@ -361,7 +363,7 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
     std::string message;
   } cases[] = {
       {with([](Args &a) { a.erase(a.begin() + 3); }),
-       "args[3]: argument role \"status\" where this variant takes \"lse\""},
+       "args[3]: argument role \"lse_low\" where this variant takes \"lse\""},
       {with([](Args &a) {
          a[0] = {"logits", 3, "f32"};
        }),
@@ -371,10 +373,14 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
        }),
        "expected f32 of rank 2"},
       {with([](Args &a) {
-         a.insert(a.begin() + 4, {"grad", 2, "f32"});
+         a.insert(a.begin() + 5, {"grad", 2, "f32"});
        }),
-       "args[4]: argument role \"grad\" where this variant takes "
+       "args[5]: argument role \"grad\" where this variant takes "
        "\"status\""},
+      // A version 3 kernel's list: no lse_low.
+      {with([](Args &a) { a.erase(a.begin() + 4); }),
+       "args[4]: argument role \"status\" where this variant takes "
+       "\"lse_low\""},
       {with([](Args &a) {
          a.insert(a.begin() + 3, {"loss", 1, "f32"});
        }),
@@ -383,11 +389,11 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
       // kernel's parameters).
       {with([](Args &a) { std::swap(a[2], a[3]); }),
        "args[2]: argument role \"lse\" where this variant takes \"loss\""},
-      // A version 2 kernel's list: the tensors and the flags only.
-      {with([](Args &a) { a.resize(6); }),
+      // The tensors and the flags only.
+      {with([](Args &a) { a.resize(7); }),
        "missing argument role \"ignore_index\""},
-      // A version 1 kernel's list: the tensors only.
-      {with([](Args &a) { a.resize(5); }), "missing argument role \"flags\""},
+      // The tensors only.
+      {with([](Args &a) { a.resize(6); }), "missing argument role \"flags\""},
       {with([](Args &a) {
          a.push_back({"flags", 0, "i64"});
        }),
@@ -407,37 +413,37 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
 TEST(BundleOpen, ValuesAreTrailingScalarsInAFixedOrder) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  ASSERT_EQ(canonical.size(), 11u);
+  ASSERT_EQ(canonical.size(), 12u);
   auto with = [&](size_t index, std::tuple<std::string, int, std::string> arg) {
     Args args = canonical;
     args[index] = std::move(arg);
     return args;
   };
   Args valuesFirst = canonical;
-  std::rotate(valuesFirst.begin(), valuesFirst.begin() + 5, valuesFirst.end());
+  std::rotate(valuesFirst.begin(), valuesFirst.begin() + 6, valuesFirst.end());
   Args swapped = canonical;
-  std::swap(swapped[7], swapped[8]);
+  std::swap(swapped[8], swapped[9]);
   struct Case {
     Args args;
     const char *message; ///< nullptr: the bundle opens
   } cases[] = {
       {canonical, nullptr},
-      {with(5, {"flags", 1, "i64"}),
+      {with(6, {"flags", 1, "i64"}),
        "argument \"flags\" is i64 of rank 1, expected i64 of rank 0 (by "
        "value)"},
-      {with(6, {"ignore_index", 0, "i32"}),
+      {with(7, {"ignore_index", 0, "i32"}),
        "argument \"ignore_index\" is i32 of rank 0, expected i64 of rank 0 "
        "(by value)"},
-      {with(7, {"label_smoothing", 0, "i64"}),
+      {with(8, {"label_smoothing", 0, "i64"}),
        "argument \"label_smoothing\" is i64 of rank 0, expected f32 of rank "
        "0 (by value)"},
-      {with(8, {"z_loss", 0, "bf16"}),
+      {with(9, {"z_loss", 0, "bf16"}),
        "argument \"z_loss\" is bf16 of rank 0, expected f32 of rank 0"},
-      {with(10, {"shard_vocab", 0, "f32"}),
+      {with(11, {"shard_vocab", 0, "f32"}),
        "argument \"shard_vocab\" is f32 of rank 0, expected i64 of rank 0"},
       {valuesFirst, "args[0]: argument role \"flags\" where this variant takes "
                     "\"logits\""},
-      {swapped, "args[7]: argument role \"z_loss\" where this variant takes "
+      {swapped, "args[8]: argument role \"z_loss\" where this variant takes "
                 "\"label_smoothing\""},
   };
   for (const Case &c : cases) {

@@ -261,7 +261,7 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.stream, fakeStream(7));
   ASSERT_EQ(s.numParams, paramCount(key));
   // logits [5, 7] strides [10, 1]; labels [5] stride 3; loss [5] stride 2;
-  // lse [5] stride 1; status [1] stride 1.
+  // lse [5] stride 1; lse_low as lse; status [1] stride 1.
   auto ptr = [](const void *p) { return uint64_t(uintptr_t(p)); };
   std::vector<uint64_t> expected = {ptr(p.logits.data()),
                                     ptr(p.logits.data()),
@@ -284,21 +284,28 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
                                     ptr(p.lse.data()),
                                     0,
                                     5,
+                                    1,
+                                    // lse_low: without options->lse_low,
+                                    // the lse's view (flag bit 3 off).
+                                    ptr(p.lse.data()),
+                                    ptr(p.lse.data()),
+                                    0,
+                                    5,
                                     1};
   for (size_t i = 0; i < expected.size(); ++i)
     EXPECT_EQ(s.params[i], expected[i]) << "parameter " << i;
   // The status word: allocated == aligned, offset 0, size 1, stride 1,
   // zero, in memory the runtime owns.
-  EXPECT_EQ(s.params[22], s.params[23]);
-  EXPECT_NE(s.params[22], 0u);
-  EXPECT_EQ(s.params[24], 0u);
-  EXPECT_EQ(s.params[25], 1u);
-  EXPECT_EQ(s.params[26], 1u);
+  EXPECT_EQ(s.params[27], s.params[28]);
+  EXPECT_NE(s.params[27], 0u);
+  EXPECT_EQ(s.params[29], 0u);
+  EXPECT_EQ(s.params[30], 1u);
+  EXPECT_EQ(s.params[31], 1u);
   // The values last: all 0 by default but the slice, [0, V) of V.
-  ASSERT_EQ(s.numParams, 27 + kValueParams);
-  for (int i = 27; i < 27 + kValueParams - 1; ++i)
+  ASSERT_EQ(s.numParams, 32 + kValueParams);
+  for (int i = 32; i < 32 + kValueParams - 1; ++i)
     EXPECT_EQ(s.params[i], 0u) << "parameter " << i;
-  EXPECT_EQ(s.params[27 + kValueParams - 1], 7u);
+  EXPECT_EQ(s.params[32 + kValueParams - 1], 7u);
   EXPECT_EQ(*lastStatusWord(), 0);
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }

@@ -119,19 +119,22 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
 
   const FakeRecord &r = bundle.record();
   ASSERT_EQ(r.calls, 1);
-  ASSERT_EQ(r.numArgs, 5);
+  ASSERT_EQ(r.numArgs, 6);
+  // Without options->lse_low its argument is the lse's own view, and flag
+  // bit 3 is off: the kernel neither writes nor reads it.
   void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(),
-                  p.lse.data()};
-  int ranks[] = {2, 1, 1, 1, 1};
-  for (int a = 0; a < 5; ++a) {
+                  p.lse.data(), p.lse.data()};
+  int ranks[] = {2, 1, 1, 1, 1, 1};
+  for (int a = 0; a < 6; ++a) {
     SCOPED_TRACE(a);
     EXPECT_EQ(r.ranks[a], ranks[a]);
     EXPECT_EQ(r.offsets[a], 0);
     EXPECT_EQ(r.allocated[a], r.aligned[a]);
-    if (a < 4) {
+    if (a < 5) {
       EXPECT_EQ(r.aligned[a], data[a]);
     }
   }
+  EXPECT_EQ(r.flags & kFlagLseLow, 0);
   EXPECT_EQ(r.sizes[0][0], p.n);
   EXPECT_EQ(r.sizes[0][1], p.v);
   EXPECT_EQ(r.strides[0][0], p.rowStride);
@@ -140,8 +143,9 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   EXPECT_EQ(r.strides[1][0], 3);
   EXPECT_EQ(r.strides[2][0], 2);
   EXPECT_EQ(r.strides[3][0], 1);
-  EXPECT_EQ(r.sizes[4][0], 1);   // status
-  EXPECT_EQ(r.strides[4][0], 1); // status
+  EXPECT_EQ(r.strides[4][0], 1);
+  EXPECT_EQ(r.sizes[5][0], 1);   // status
+  EXPECT_EQ(r.strides[5][0], 1); // status
   EXPECT_EQ(r.statusOnEntry, 0); // the runtime zeroes it
 
   for (int64_t i = 0; i < p.n; ++i) {
@@ -150,6 +154,99 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
     EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
   }
   EXPECT_EQ(p.lse[p.n], kPoison);
+}
+
+TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
+  // With options->lse_low the forward and the fused kernels write lse's low
+  // part there (flag bit 3 on), and the backward reads it; one options
+  // struct serves a whole step, so shard_stats ignores it.
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  std::vector<float> low(2 * p.n + 1, kPoison);
+  ce_tensor tLow = view(low.data(), CE_DTYPE_F32, {p.n}, {2});
+  ce_options options = defaultOptions();
+  options.lse_low = &tLow;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  ASSERT_EQ(r.numArgs, 6);
+  EXPECT_EQ(r.aligned[4], low.data());
+  EXPECT_EQ(r.strides[4][0], 2);
+  EXPECT_EQ(r.flags & kFlagLseLow, kFlagLseLow);
+  EXPECT_EQ(int64_t{kFlagLseLow}, 8); // the ABI's bit
+  for (int64_t i = 0; i < p.n; ++i) {
+    EXPECT_EQ(low[2 * i], 0.125f + i);
+    EXPECT_EQ(low[2 * i + 1], kPoison); // between strided elements
+  }
+
+  // The backward reads it: the fake adds it to its gradient.
+  std::vector<float> gradLoss(p.n, 2.0f);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  ASSERT_EQ(r.numArgs, 7);
+  EXPECT_EQ(r.aligned[3], low.data());
+  for (int64_t i = 0; i < p.n; ++i)
+    EXPECT_EQ(p.grad[i * p.rowStride], 1.0f + p.lse[i] + 0.125f + i);
+
+  // The fused kernel writes it too.
+  std::fill(low.begin(), low.end(), kPoison);
+  float weight = 1.0f;
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                     &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  ASSERT_EQ(r.numArgs, 8);
+  EXPECT_EQ(r.aligned[5], low.data());
+  EXPECT_EQ(low[2 * (p.n - 1)], 0.125f + (p.n - 1));
+
+  // shard_stats does not take it.
+  KernelVariantKey stats = forwardKey();
+  stats.op = KernelOp::ShardStats;
+  FakeBundle statsBundle({{stats, "fake_shard_stats_flat", {}}});
+  options.shard_start = 0;
+  options.shard_vocab = 2 * p.v;
+  std::vector<float> statsOut(p.n * 4);
+  ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
+  ASSERT_EQ(ce_shard_stats(statsBundle.get(), &options, &p.tLogits,
+                           &p.tLabels, &tStats, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(statsBundle.record().numArgs, 4);
+  EXPECT_EQ(statsBundle.record().flags & kFlagLseLow, 0);
+}
+
+TEST(Launch, LseLowIsCheckedLikeTheLse) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  ce_options options = defaultOptions();
+  // The lse's own buffer: an output twice.
+  options.lse_low = &p.tLse;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->lse_low"));
+  // Another dtype, another shape.
+  std::vector<int64_t> wide(p.n);
+  ce_tensor tWide = packed(wide.data(), CE_DTYPE_I64, {p.n});
+  options.lse_low = &tWide;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->lse_low"));
+  std::vector<float> shortLow(p.n - 1);
+  ce_tensor tShort = packed(shortLow.data(), CE_DTYPE_F32, {p.n - 1});
+  options.lse_low = &tShort;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                       &p.tLoss, &p.tLse, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->lse_low"));
+  EXPECT_EQ(bundle.calls(), 0);
 }
 
 /// The value arguments the fake kernels of `bundle` received last.
@@ -183,7 +280,7 @@ TEST(Launch, OptionValuesArePassedByValue) {
                        &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 5); // the descriptors
+  EXPECT_EQ(bundle.record().numArgs, 6); // the descriptors
   // Unsharded, every kernel is passed the slice [0, V) of V.
   expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
                                         -7, 0.125f, 3.0e-4f, 0, p.v});
@@ -237,7 +334,7 @@ TEST(Launch, AnUnshardedBackwardIsTheSliceZeroToV) {
                         &p.tLse, &tGradLoss, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 6);
+  EXPECT_EQ(bundle.record().numArgs, 7);
   expectValues(receivedValues(bundle), {0, 0, 0.25f, 0.0f, 0, p.v});
   // The defaults, and the overwrite kernel, alike.
   ASSERT_EQ(ce_backward(bundle.get(), nullptr, &p.tLogits, &p.tLabels,
@@ -252,7 +349,7 @@ TEST(Launch, AnUnshardedBackwardIsTheSliceZeroToV) {
                         &q.tLse, &tGradLoss, nullptr, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 5);
+  EXPECT_EQ(bundle.record().numArgs, 6);
   expectValues(receivedValues(bundle), {0, 0, 0.0f, 0.0f, 0, 11});
 }
 
@@ -281,7 +378,7 @@ TEST(Launch, ShardBoundsArePassedByValue) {
                         &tGradLoss, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 6);
+  EXPECT_EQ(bundle.record().numArgs, 7);
   expectValues(receivedValues(bundle),
                {kFlagIgnoreIndex | kFlagGlobalSmoothing, -100, 0.25f, 0.0f, 3,
                 40});
@@ -427,7 +524,7 @@ TEST(Launch, ArgumentsInAnotherOrderAreRefusedAtOpen) {
   // C signature is fixed), so the bundle does not open, and no kernel is
   // called with arguments in the wrong places.
   auto reversed = canonicalArgs(forwardKey());
-  std::reverse(reversed.begin(), reversed.begin() + 5);
+  std::reverse(reversed.begin(), reversed.begin() + 6);
   TempDir dir;
   dir.copyFakeKernels();
   dir.write("manifest.json",
@@ -542,11 +639,11 @@ TEST(Launch, BackwardWithBroadcastGradLoss) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 6);
-  EXPECT_EQ(r.aligned[3], &upstream);
-  EXPECT_EQ(r.strides[3][0], 0);
-  EXPECT_EQ(r.aligned[4], p.grad.data());
-  EXPECT_EQ(r.strides[4][0], p.rowStride);
+  ASSERT_EQ(r.numArgs, 7);
+  EXPECT_EQ(r.aligned[4], &upstream);
+  EXPECT_EQ(r.strides[4][0], 0);
+  EXPECT_EQ(r.aligned[5], p.grad.data());
+  EXPECT_EQ(r.strides[5][0], p.rowStride);
   for (int64_t i = 0; i < p.n; ++i) {
     for (int64_t j = 0; j < p.v; ++j)
       EXPECT_EQ(p.grad[i * p.rowStride + j], 2.0f + 10.0f * i);
@@ -598,7 +695,7 @@ TEST(Launch, BackwardOverwritesLogits) {
                           passLogitsAsGrad ? &p.tLogits : nullptr, nullptr),
               CE_OK)
         << ce_last_error_message();
-    EXPECT_EQ(bundle.record().numArgs, 5);
+    EXPECT_EQ(bundle.record().numArgs, 6);
     for (int64_t i = 0; i < p.n; ++i) {
       for (int64_t j = 0; j < p.v; ++j)
         EXPECT_EQ(p.logits[i * p.rowStride + j], 2.0f);
@@ -632,7 +729,7 @@ TEST(Launch, FusedScalarAndTokenWeights) {
               CE_OK)
         << ce_last_error_message();
     const FakeRecord &r = bundle.record();
-    ASSERT_EQ(r.numArgs, 7);
+    ASSERT_EQ(r.numArgs, 8);
     EXPECT_EQ(r.ranks[2], 1);
     EXPECT_EQ(r.aligned[2], &weight);
     EXPECT_EQ(r.offsets[2], 0);
@@ -685,7 +782,7 @@ TEST(Launch, ScalarWeightOnSbvLabelsIsATokenDescriptorOfStrideZero) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 7);
+  ASSERT_EQ(r.numArgs, 8);
   EXPECT_EQ(r.ranks[2], 2);
   EXPECT_EQ(r.aligned[2], &weight);
   EXPECT_EQ(r.sizes[2][0], p.b);
@@ -730,7 +827,7 @@ TEST(Launch, FusedOverwrite) {
                      &p.tLoss, &p.tLse, nullptr, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 6);
+  EXPECT_EQ(bundle.record().numArgs, 7);
   EXPECT_EQ(p.logits[2 * p.rowStride + 1], 3.0f);
   // The forward part read the logits before overwriting them.
   EXPECT_EQ(p.loss[0], 1.5f);

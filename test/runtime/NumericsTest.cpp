@@ -23,9 +23,12 @@
 //              smoothing, where the bare bound is below fp32 resolution; it
 //              does not cover p_y - 1 or (1 + 2 z lse) - 1, which a kernel
 //              can and must form without cancellation.
+//   lse_low:   |lse + lse_low - ref| <= 1e-5 max(1, ref - max): the pair
+//              carries the log of the sum to f32's precision at any |max|
 // The backward reference uses the lse the forward kernel returned (the
-// backward takes lse as an input); fused gradients are compared with the
-// full float64 reference.
+// backward takes lse as an input); fused gradients, and backward gradients
+// given lse's low part (ce_options.lse_low, every other case), are compared
+// with the full float64 reference: their error must not grow with |x|.
 //
 //===----------------------------------------------------------------------===//
 
@@ -619,10 +622,30 @@ void checkPadding(Report &report, const char *what, const TestTensor &tensor) {
 // Running one case
 //===----------------------------------------------------------------------===//
 
+/// `low`: lse's low part, written with the lse (nullptr: not asked for).
 ce_status runForward(ce_bundle *bundle, Problem &p, TestTensor &loss,
-                     TestTensor &lse) {
-  return ce_forward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+                     TestTensor &lse, TestTensor *low = nullptr) {
+  ce_options options = p.options;
+  options.lse_low = low ? &low->tensor : nullptr;
+  return ce_forward(bundle, &options, &p.logits.tensor, &p.labelTensor.tensor,
                     &loss.tensor, &lse.tensor, nullptr);
+}
+
+/// lse + lse_low of token t against the float64 log-sum-exp: the pair
+/// must carry log(sum) to f32's precision however large the row's maximum.
+void checkLseLow(Report &report, const Problem &p, int64_t t, double lse,
+                 double low, const RowStats &stats) {
+  if (!std::isfinite(stats.lse) || !std::isfinite(lse))
+    return; // NaN rows (bad labels) and overflowing ones: lse says it all
+  double logSum = stats.lse - stats.max;
+  double tolerance = 1e-5 * std::fmax(1.0, logSum);
+  double error = std::fabs((lse + low) - stats.lse);
+  report.check(error <= tolerance, [&] {
+    return "lse + lse_low of " + p.where(t) + ": kernel " + formatDouble(lse) +
+           " + " + formatDouble(low) + ", reference " +
+           formatDouble(stats.lse) + " (error " + formatDouble(error) +
+           ", tolerance " + formatDouble(tolerance) + ")";
+  });
 }
 
 void expectOk(Report &report, ce_status status, const char *function) {
@@ -652,16 +675,24 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
   auto labelsBefore = p.labelTensor.snapshot();
   auto logitsBefore = p.logits.snapshot();
 
-  TestTensor loss, lse, grad, lseInput;
-  std::vector<unsigned char> scaleBefore, lseInputBefore;
+  TestTensor loss, lse, grad, lseInput, low;
+  std::vector<unsigned char> scaleBefore, lseInputBefore, lseLowBefore;
   std::vector<double> lseUsed = refLse; // what the gradient is computed from
   ce_status status = CE_OK;
+  // Every other case passes ce_options.lse_low: forward and fused write it,
+  // the backward reads it (and its gradient is then checked against the
+  // exact reference). Without it the kernels must not touch it.
+  bool withLow = (seed >> 7) & 1;
+  if (withLow)
+    low = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(4));
+  ce_options options = p.options;
+  options.lse_low = withLow ? &low.tensor : nullptr;
 
   switch (key.op) {
   case KernelOp::Forward:
     loss = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(3));
     lse = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(2));
-    status = runForward(bundle, p, loss, lse);
+    status = runForward(bundle, p, loss, lse, withLow ? &low : nullptr);
     expectOk(report, status, "ce_forward");
     break;
   case KernelOp::Backward: {
@@ -674,22 +705,38 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
                                     packedStrides(p.tokenShape()));
       TestTensor fLse = makeTensor(ElemType::F32, p.tokenShape(),
                                    packedStrides(p.tokenShape()));
-      ce_status forwardStatus = runForward(forwardBundle, p, fLoss, fLse);
+      TestTensor fLow = makeTensor(ElemType::F32, p.tokenShape(),
+                                   packedStrides(p.tokenShape()));
+      ce_status forwardStatus = runForward(forwardBundle, p, fLoss, fLse,
+                                           withLow ? &fLow : nullptr);
       expectOk(report, forwardStatus, "ce_forward (lse for the backward)");
-      for (int64_t t = 0; t < n; ++t)
+      for (int64_t t = 0; t < n; ++t) {
         lseUsed[t] = fLse.get(t);
+        if (withLow)
+          low.set(t, fLow.get(t));
+      }
     } else {
-      for (int64_t t = 0; t < n; ++t)
-        lseUsed[t] = static_cast<float>(refLse[t]);
+      for (int64_t t = 0; t < n; ++t) {
+        float high = static_cast<float>(refLse[t]);
+        lseUsed[t] = high;
+        if (withLow)
+          low.set(t, std::isfinite(high) ? static_cast<float>(refLse[t] - high)
+                                         : 0.0f);
+      }
     }
     for (int64_t t = 0; t < n; ++t)
       lseInput.set(t, lseUsed[t]);
     lseInputBefore = lseInput.snapshot();
+    if (withLow) {
+      lseLowBefore = low.snapshot();
+      for (int64_t t = 0; t < n; ++t)
+        lseUsed[t] += low.get(t);
+    }
     scaleBefore = p.gradLoss.snapshot();
     if (!key.overwrite)
       grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
     status =
-        ce_backward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+        ce_backward(bundle, &options, &p.logits.tensor, &p.labelTensor.tensor,
                     &lseInput.tensor, &p.gradLoss.tensor,
                     key.overwrite ? nullptr : &grad.tensor, nullptr);
     expectOk(report, status, "ce_backward");
@@ -702,7 +749,7 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     if (!key.overwrite)
       grad = makeTensor(key.logits, p.logitsShape(), p.gradStrides());
     status =
-        ce_fused(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
+        ce_fused(bundle, &options, &p.logits.tensor, &p.labelTensor.tensor,
                  &p.weights.tensor, &loss.tensor, &lse.tensor,
                  key.overwrite ? nullptr : &grad.tensor, nullptr);
     expectOk(report, status, "ce_fused");
@@ -723,6 +770,8 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
   if (key.op == KernelOp::Backward) {
     checkUnchanged(report, "lse (input)", lseInput, lseInputBefore);
     checkUnchanged(report, "grad_loss", p.gradLoss, scaleBefore);
+    if (withLow)
+      checkUnchanged(report, "lse_low (input)", low, lseLowBefore);
   }
   if (key.op == KernelOp::Fused)
     checkUnchanged(report, "weights", p.weights, scaleBefore);
@@ -740,13 +789,20 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
       checkTokenValue(report, p, "loss", t, loss.get(t), refLoss,
                       isIgnored(p.labels[t], p.reference));
       checkTokenValue(report, p, "lse", t, lse.get(t), refLse[t], false);
+      if (withLow)
+        checkLseLow(report, p, t, lse.get(t), low.get(t), stats[t]);
     }
+    if (withLow)
+      checkPadding(report, "lse_low", low);
   }
   if (key.op != KernelOp::Forward) {
     const TestTensor &written = key.overwrite ? p.logits : grad;
     if (!key.overwrite)
       checkPadding(report, "grad", grad);
-    checkGrad(report, p, written, lseUsed, stats, key.op == KernelOp::Backward);
+    // Given lse's low part the backward's gradient is as exact as the
+    // fused kernel's: the exact reference.
+    checkGrad(report, p, written, lseUsed, stats,
+              key.op == KernelOp::Backward && !withLow);
   }
 }
 

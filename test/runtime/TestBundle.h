@@ -27,12 +27,12 @@ namespace ce::test {
 struct FakeRecord {
   int64_t calls;
   int32_t numArgs;
-  int32_t ranks[8];
-  void *allocated[8];
-  void *aligned[8];
-  int64_t offsets[8];
-  int64_t sizes[8][3];
-  int64_t strides[8][3];
+  int32_t ranks[9];
+  void *allocated[9];
+  void *aligned[9];
+  int64_t offsets[9];
+  int64_t sizes[9][3];
+  int64_t strides[9][3];
   int64_t statusOnEntry;
   /// The value arguments of the last call.
   int64_t flags;

@@ -1,7 +1,7 @@
 /*===- fake_kernels.c - Stand-in host kernels for runtime tests -----------===*
  *
  * Implements the host kernel ABI of docs/bundle-format.md (bundle format
- * version 3: one pointer per tensor, each to an MLIR strided memref
+ * version 4: one pointer per tensor, each to an MLIR strided memref
  * descriptor, then the six option values by value: int64_t flags, int64_t
  * ignore_index, float label_smoothing, float z_loss, int64_t shard_start,
  * int64_t shard_vocab) with trivial bodies whose outputs reveal whether the
@@ -9,7 +9,9 @@
  *
  *   loss[t] = 1.5
  *   lse[t]  = 2.5 + logits[row(t)][label[t]]       (forward, fused)
+ *   lse_low[t] = 0.125 + t                         (forward, fused; flag 8)
  *   grad[row(t)][j] = grad_loss[t] * 0.5 + lse[t]  (backward)
+ *                     + lse_low[t]                 (with flag 8)
  *   grad[row(t)][j] = weight(t)                    (fused)
  *
  * where weight(t) reads the token-shaped weights descriptor at its strides
@@ -23,7 +25,8 @@
  * (kFlagMegatronLabels) no label is reported (loss 1.5, lse 2.5, gradient
  * row as for a good label). Every call also records the descriptors and the
  * value arguments it got in `ce_fake_record`, which the tests read through
- * dlsym. Logits are f32.
+ * dlsym. Without flag bit 3 (kFlagLseLow, 8) the lse_low argument is a
+ * placeholder that is neither read nor written. Logits are f32.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -31,7 +34,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define FAKE_MAX_ARGS 8
+#define FAKE_MAX_ARGS 9
 
 /* What the last call received. */
 typedef struct FakeRecord {
@@ -85,7 +88,7 @@ typedef struct Values {
   ((Values){flags, ignore_index, label_smoothing, z_loss, shard_start,         \
             shard_vocab})
 
-enum { FLAG_MEGATRON_LABELS = 1, FLAG_IGNORE_INDEX = 2 };
+enum { FLAG_MEGATRON_LABELS = 1, FLAG_IGNORE_INDEX = 2, FLAG_LSE_LOW = 8 };
 
 static void record(int n, Desc **descs, const int *ranks, Values v) {
   ce_fake_record.calls++;
@@ -119,8 +122,8 @@ static int64_t token_offset(Desc *d, int rank, int64_t i0, int64_t i1) {
 typedef struct Call {
   int layout;
   int labels_i32;
-  Desc *logits, *labels, *loss, *lse_out, *lse_in, *grad_loss, *weights, *grad,
-      *status;
+  Desc *logits, *labels, *loss, *lse_out, *lse_in, *lse_low, *grad_loss,
+      *weights, *grad, *status;
   Values values;
 } Call;
 
@@ -168,10 +171,15 @@ static void run(const Call *c) {
                                                           : ignored ? 0.0f
                                                                     : 1.5f;
       }
+      int withLow = (c->values.flags & FLAG_LSE_LOW) != 0;
       if (c->lse_out) {
         lse = 2.5f + target;
         float *out = (float *)aligned_of(c->lse_out);
         out[token_offset(c->lse_out, token_rank, i0, i1)] = lse;
+        if (withLow) {
+          float *low = (float *)aligned_of(c->lse_low);
+          low[token_offset(c->lse_low, token_rank, i0, i1)] = 0.125f + t;
+        }
       }
       if (!c->grad)
         continue;
@@ -181,6 +189,9 @@ static void run(const Call *c) {
         float *l = (float *)aligned_of(c->lse_in);
         value = g[token_offset(c->grad_loss, token_rank, i0, i1)] * 0.5f +
                 l[token_offset(c->lse_in, token_rank, i0, i1)];
+        if (withLow)
+          value += ((float *)aligned_of(
+              c->lse_low))[token_offset(c->lse_low, token_rank, i0, i1)];
       } else if (c->weights) {
         float *w = (float *)aligned_of(c->weights);
         value = w[token_offset(c->weights, token_rank, i0, i1)];
@@ -206,87 +217,56 @@ static void run(const Call *c) {
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* ---- forward: (logits, labels, loss, lse, status, values) ---- */
+/* ---- forward: (logits, labels, loss, lse, lse_low, status, values) ---- */
 
 static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
-                    Desc *loss, Desc *lse, Desc *status, Values v) {
+                    Desc *loss, Desc *lse, Desc *low, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, loss, lse, status};
-  int ranks[] = {tr + 1, tr, tr, tr, 1};
-  record(5, descs, ranks, v);
-  Call c = {layout, labels_i32, logits, labels, loss, lse, 0,
-            0,      0,          0,      status, v};
+  Desc *descs[] = {logits, labels, loss, lse, low, status};
+  int ranks[] = {tr + 1, tr, tr, tr, tr, 1};
+  record(6, descs, ranks, v);
+  Call c = {layout, labels_i32, logits, labels, loss,   lse, 0,
+            low,    0,          0,      0,      status, v};
   run(&c);
 }
 
-EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
                               VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, VALUES);
+  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
 }
-EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
                                   VALUE_PARAMS) {
-  forward(FLAT, 1, a, b, c, d, e, VALUES);
+  forward(FLAT, 1, a, b, c, d, e, f, VALUES);
 }
-EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
                             VALUE_PARAMS) {
-  forward(SBV_BS, 0, a, b, c, d, e, VALUES);
+  forward(SBV_BS, 0, a, b, c, d, e, f, VALUES);
 }
-EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
                             VALUE_PARAMS) {
-  forward(SBV_SB, 0, a, b, c, d, e, VALUES);
+  forward(SBV_SB, 0, a, b, c, d, e, f, VALUES);
 }
 /* Reports a status that names no token. */
 EXPORT void fake_forward_flat_bad_status(Desc *a, Desc *b, Desc *c, Desc *d,
-                                         Desc *e, VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, VALUES);
-  *((int64_t *)aligned_of(e)) = 1 << 30;
+                                         Desc *e, Desc *f, VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
+  *((int64_t *)aligned_of(f)) = 1 << 30;
 }
 /* Reports token 0 although its label is fine. */
 EXPORT void fake_forward_flat_false_alarm(Desc *a, Desc *b, Desc *c, Desc *d,
-                                          Desc *e, VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, VALUES);
-  *((int64_t *)aligned_of(e)) = 1;
+                                          Desc *e, Desc *f, VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
+  *((int64_t *)aligned_of(f)) = 1;
 }
 
-/* ---- backward: (logits, labels, lse, grad_loss, [grad], status, values) */
+/* ---- backward: (logits, labels, lse, lse_low, grad_loss, [grad], status,
+ * values) */
 
 static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
-                     Desc *grad_loss, Desc *grad, Desc *status, Values v) {
+                     Desc *low, Desc *grad_loss, Desc *grad, Desc *status,
+                     Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, lse, grad_loss, grad, status};
-  int ranks[] = {tr + 1, tr, tr, tr, tr + 1, 1};
-  if (grad) {
-    record(6, descs, ranks, v);
-  } else {
-    descs[4] = status;
-    ranks[4] = 1;
-    record(5, descs, ranks, v);
-  }
-  Call c = {layout, 0,   logits,    labels, 0,
-            0,      lse, grad_loss, 0,      grad ? grad : logits,
-            status, v};
-  run(&c);
-}
-
-EXPORT void fake_backward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                               Desc *f, VALUE_PARAMS) {
-  backward(FLAT, a, b, c, d, e, f, VALUES);
-}
-EXPORT void fake_backward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                             Desc *f, VALUE_PARAMS) {
-  backward(SBV_BS, a, b, c, d, e, f, VALUES);
-}
-EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                         Desc *e, VALUE_PARAMS) {
-  backward(FLAT, a, b, c, d, 0, e, VALUES);
-}
-
-/* ---- fused: (logits, labels, weights, loss, lse, [grad], status, values) */
-
-static void fused(int layout, Desc *logits, Desc *labels, Desc *weights,
-                  Desc *loss, Desc *lse, Desc *grad, Desc *status, Values v) {
-  int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, weights, loss, lse, grad, status};
+  Desc *descs[] = {logits, labels, lse, low, grad_loss, grad, status};
   int ranks[] = {tr + 1, tr, tr, tr, tr, tr + 1, 1};
   if (grad) {
     record(7, descs, ranks, v);
@@ -295,26 +275,63 @@ static void fused(int layout, Desc *logits, Desc *labels, Desc *weights,
     ranks[5] = 1;
     record(6, descs, ranks, v);
   }
-  Call c = {layout, 0,       logits, labels, loss, lse, 0,
-            0,      weights, grad ? grad : logits, status, v};
+  Call c = {layout, 0,   logits, labels,    0,
+            0,      lse, low,    grad_loss, 0,
+            grad ? grad : logits, status, v};
+  run(&c);
+}
+
+EXPORT void fake_backward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                               Desc *f, Desc *g, VALUE_PARAMS) {
+  backward(FLAT, a, b, c, d, e, f, g, VALUES);
+}
+EXPORT void fake_backward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                             Desc *f, Desc *g, VALUE_PARAMS) {
+  backward(SBV_BS, a, b, c, d, e, f, g, VALUES);
+}
+EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
+                                         Desc *e, Desc *f, VALUE_PARAMS) {
+  backward(FLAT, a, b, c, d, e, 0, f, VALUES);
+}
+
+/* ---- fused: (logits, labels, weights, loss, lse, lse_low, [grad], status,
+ * values) */
+
+static void fused(int layout, Desc *logits, Desc *labels, Desc *weights,
+                  Desc *loss, Desc *lse, Desc *low, Desc *grad, Desc *status,
+                  Values v) {
+  int tr = layout == FLAT ? 1 : 2;
+  Desc *descs[] = {logits, labels, weights, loss, lse, low, grad, status};
+  int ranks[] = {tr + 1, tr, tr, tr, tr, tr, tr + 1, 1};
+  if (grad) {
+    record(8, descs, ranks, v);
+  } else {
+    descs[6] = status;
+    ranks[6] = 1;
+    record(7, descs, ranks, v);
+  }
+  Call c = {layout, 0,   logits,  labels, loss,
+            lse,    0,   low,     0,      weights,
+            grad ? grad : logits, status, v};
   run(&c);
 }
 
 EXPORT void fake_fused_flat_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                  Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(FLAT, a, b, c, d, e, f, g, VALUES);
+                                  Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
+  fused(FLAT, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_fused_bs_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(SBV_BS, a, b, c, d, e, f, g, VALUES);
+                                Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
+  fused(SBV_BS, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                Desc *f, Desc *g, VALUE_PARAMS) {
-  fused(SBV_SB, a, b, c, d, e, f, g, VALUES);
+                                Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
+  fused(SBV_SB, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_fused_flat_token_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                            Desc *e, Desc *f, VALUE_PARAMS) {
-  fused(FLAT, a, b, c, d, e, 0, f, VALUES);
+                                            Desc *e, Desc *f, Desc *g,
+                                            VALUE_PARAMS) {
+  fused(FLAT, a, b, c, d, e, f, 0, g, VALUES);
 }
 
 /* ---- shard_stats: (logits, labels, stats, status, values); records only */

@@ -301,7 +301,7 @@ func.func @stats_z_loss_operand(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: mem
 
 func.func @smoothing_operand_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %a: i64) {
   // expected-error @+1 {{operand #4 must be 32-bit float, but got 'i64'}}
-  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
+  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
   return
 }
 
@@ -350,5 +350,30 @@ func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref
 func.func @shard_bounds_type(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i32, %v: i64) {
   // expected-error @+1 {{operand #3 must be 64-bit signless integer, but got 'i32'}}
   "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
+  return
+}
+
+// -----
+
+// lse's low part has the token shape and is a buffer of its own.
+func.func @lse_low_shape(%x: memref<5x7xf32>, %y: memref<5xi64>, %l: memref<5xf32>, %e: memref<5xf32>, %lo: memref<4xf32>) {
+  // expected-error @+1 {{'lse_low' shape [4] does not match the token shape [5] of layout 'flat'}}
+  ce.forward %x, %y into %l, %e lse_low(%lo : memref<4xf32>) layout = flat : memref<5x7xf32>, memref<5xi64> into memref<5xf32>, memref<5xf32>
+  return
+}
+
+// -----
+
+func.func @lse_low_is_lse(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{outputs 'lse' and 'lse_low' are the same buffer}}
+  ce.forward %x, %y into %l, %e lse_low(%e : memref<?xf32>) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @backward_lse_low_shape(%x: memref<4x2x7xf32>, %y: memref<2x4xi64>, %e: memref<2x4xf32>, %g: memref<2x4xf32>, %d: memref<4x2x7xf32>, %lo: memref<4x2xf32>) {
+  // expected-error @+1 {{'lse_low' shape [4, 2] does not match the token shape [2, 4] of layout 'sbv_bs'}}
+  ce.backward %x, %y, %e, %g into %d lse_low(%lo : memref<4x2xf32>) layout = sbv_bs : memref<4x2x7xf32>, memref<2x4xi64>, memref<2x4xf32>, memref<2x4xf32> into memref<4x2x7xf32>
   return
 }

@@ -23,7 +23,7 @@ namespace ce {
 inline constexpr const char *kBundleFormatName = "cegen-bundle";
 /// The format version ce-gen writes and the newest one the runtime reads
 /// (the same value as ce_runtime.h's CE_RUNTIME_BUNDLE_VERSION).
-inline constexpr int64_t kBundleFormatVersion = 3;
+inline constexpr int64_t kBundleFormatVersion = 4;
 /// The manifest's name in a bundle directory.
 inline constexpr const char *kManifestFile = "manifest.json";
 /// The top-level key of the manifest's own SHA-256, taken over
@@ -67,6 +67,7 @@ enum class ArgRole {
   Grad,
   Stats,
   Status,
+  LseLow, ///< f32 per token: lse's low part (forward, fused out; backward in)
   // The run-time option values, passed by value after the tensors
   // (KernelValues):
   Flags,          ///< i64, KernelFlag bits
@@ -120,6 +121,8 @@ inline const char *stringify(ArgRole role) {
     return "stats";
   case ArgRole::Status:
     return "status";
+  case ArgRole::LseLow:
+    return "lse_low";
   case ArgRole::Flags:
     return "flags";
   case ArgRole::IgnoreIndex:
@@ -142,21 +145,23 @@ inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
   switch (variant.op) {
   case KernelOp::Forward:
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
-            ArgRole::Status};
+            ArgRole::LseLow, ArgRole::Status};
   case KernelOp::ShardStats:
     return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
   case KernelOp::Backward:
     if (variant.overwrite)
-      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Lse, ArgRole::GradLoss,
-              ArgRole::Status};
-    return {ArgRole::Logits,   ArgRole::Labels, ArgRole::Lse,
+      return {ArgRole::Logits, ArgRole::Labels,   ArgRole::Lse,
+              ArgRole::LseLow, ArgRole::GradLoss, ArgRole::Status};
+    return {ArgRole::Logits,   ArgRole::Labels, ArgRole::Lse, ArgRole::LseLow,
             ArgRole::GradLoss, ArgRole::Grad,   ArgRole::Status};
   case KernelOp::Fused:
     if (variant.overwrite)
       return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
-              ArgRole::Loss,   ArgRole::Lse,    ArgRole::Status};
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights, ArgRole::Loss,
-            ArgRole::Lse,    ArgRole::Grad,   ArgRole::Status};
+              ArgRole::Loss,   ArgRole::Lse,    ArgRole::LseLow,
+              ArgRole::Status};
+    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
+            ArgRole::Loss,   ArgRole::Lse,    ArgRole::LseLow,
+            ArgRole::Grad,   ArgRole::Status};
   case KernelOp::Rescale:
     // The gradient is read and written in place; no labels, no status.
     return {ArgRole::Grad, ArgRole::Weights, ArgRole::GradLoss};
@@ -191,6 +196,7 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
     return {tokenRank, variant.labels};
   case ArgRole::Loss:
   case ArgRole::Lse:
+  case ArgRole::LseLow:
   case ArgRole::GradLoss:
     return {tokenRank, ElemType::F32};
   case ArgRole::Weights:

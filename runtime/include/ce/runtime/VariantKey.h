@@ -116,6 +116,11 @@ enum KernelFlag : int64_t {
   /// Without the bit it smooths over its own V_local, as Megatron-Core's
   /// vocab-parallel cross entropy does.
   kFlagGlobalSmoothing = 4,
+  /// The `lse_low` argument is a real tensor: forward and fused kernels
+  /// write lse's low part there, backward kernels read it. Without the bit
+  /// the argument is a placeholder (the lse's own view) that is neither
+  /// written nor used.
+  kFlagLseLow = 8,
 };
 
 /// Everything that selects one compiled kernel (bundle format version 3).

@@ -22,6 +22,9 @@ enum RuntimeFlag : int64_t {
   kFlagIgnoreIndex = 2,
   /// A shard smooths over its global vocabulary (as `global_smoothing`).
   kFlagGlobalSmoothing = 4,
+  /// The `lse_low` operand is in force (written by forward and fused, read by
+  /// backward); without the bit it is a placeholder left alone.
+  kFlagLseLow = 8,
 };
 
 } // namespace mlir::ce

@@ -32,6 +32,10 @@ defvar CE_StatusOperand = (ins
   Optional<I64>:$shard_start,
   Optional<I64>:$shard_vocab);
 
+/// lse's low part: written by ce.forward and ce.fused, read by ce.backward.
+defvar CE_LseLowFormat =
+  "(`lse_low` `(` $lse_low^ `:` type($lse_low) `)`)? ";
+
 defvar CE_StatusFormat =
   "(`status` `(` $status^ `:` type($status) `)`)? "
   "(`flags` `(` $flags^ `)`)? "
@@ -86,6 +90,13 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
       attribute is always in force.
     - bit 2, a sharded op smooths over the global vocabulary, as the
       `shard` attribute's `global_smoothing = true` does.
+    - bit 3, the `lse_low` operand is in force: ce.forward and ce.fused
+      write lse's low part there (`lse + lse_low` is the log-sum-exp to
+      twice f32's precision), ce.backward reads it and takes its exponents
+      as `(x - lse) - lse_low`, so that their error does not grow with the
+      logits' magnitude. Without the bit the operand is a placeholder that
+      is neither written nor used; without `flags` a given `lse_low` is in
+      force.
   }];
 }
 
@@ -111,10 +122,12 @@ def CE_ForwardOp : CE_CrossEntropyOp<"forward"> {
     Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
     Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
     Arg<CE_TokenMemRef, "per-token loss", [MemWrite]>:$loss,
-    Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse),
+    Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse,
+    Arg<Optional<CE_TokenMemRef>, "lse's low part", [MemWrite]>:$lse_low),
     CE_StatusOperand, CE_ConfigAttrs);
   let assemblyFormat = !strconcat(
-    "$logits `,` $labels `into` $loss `,` $lse ", CE_StatusFormat,
+    "$logits `,` $labels `into` $loss `,` $lse ", CE_LseLowFormat,
+    CE_StatusFormat,
     " attr-dict `:` type($logits) `,` type($labels) `into` type($loss) `,` ",
     "type($lse)");
 }
@@ -146,11 +159,12 @@ def CE_BackwardOp : CE_CrossEntropyOp<"backward"> {
     Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
     Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemRead]>:$lse,
     Arg<CE_TokenMemRef, "upstream per-token gradient", [MemRead]>:$grad_loss,
-    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad),
+    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad,
+    Arg<Optional<CE_TokenMemRef>, "lse's low part", [MemRead]>:$lse_low),
     CE_StatusOperand, CE_ConfigAttrs, (ins UnitAttr:$overwrite_input));
   let assemblyFormat = !strconcat(
     "$logits `,` $labels `,` $lse `,` $grad_loss `into` $grad ",
-    CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
+    CE_LseLowFormat, CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
     "type($lse) `,` type($grad_loss) `into` type($grad)");
 }
 
@@ -183,11 +197,12 @@ def CE_FusedOp : CE_CrossEntropyOp<"fused"> {
     Arg<CE_TokenMemRef, "gradient weights", [MemRead]>:$weights,
     Arg<CE_TokenMemRef, "per-token loss", [MemWrite]>:$loss,
     Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse,
-    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad),
+    Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad,
+    Arg<Optional<CE_TokenMemRef>, "lse's low part", [MemWrite]>:$lse_low),
     CE_StatusOperand, CE_ConfigAttrs, (ins UnitAttr:$overwrite_input));
   let assemblyFormat = !strconcat(
     "$logits `,` $labels `,` $weights `into` $loss `,` $lse `,` $grad ",
-    CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
+    CE_LseLowFormat, CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
     "type($weights) `into` type($loss) `,` type($lse) `,` type($grad)");
 }
 
