@@ -16,7 +16,8 @@ V = 7 to 128256 (odd V; rows whose whole vector part fits the fused kernels' row
 a masked last step, and rows that do not), offset and strided views of every tensor (the
 cases of test_h200.py: padding around every view must survive), ``[S,B,V]`` layouts,
 overwrite on and off, token and 0-d (scalar) weights, label smoothing and z-loss on and off
-(the option values drawn per case, as test_h200.py draws them: bundle format version 3),
+(the option values drawn per case, as test_h200.py draws them: bundle format version 3;
+every other case and shard backward passes lse_low, version 4, which kernels write and read),
 special rows (-inf rows, maxima past 2^24: the exact re-sweep), an all-ignored batch, and a
 bad label per kernel; and the kernels of the shard bundles (shard_stats, and backward, which
 takes every slice since the key has no shard field) on vocabulary slices at 0 and 1000 of a
@@ -172,17 +173,22 @@ def run_shard_backward(bundle: str, text: str, seed: int, failures: List[str], d
         storage = torch.full((n * (v + 3) + 8,), -7777.0, dtype=dtype, device=dev)
         rows = storage.as_strided((n, v), (v + 3, 1), 5)
         rows.copy_(full[:, start:start + v].to(dtype).to(dev))
+        # lse's low part (bundle format 4), on every other launch: the kernel reads it.
+        high = lse.to(torch.float32)
+        low = (lse - high.to(torch.float64)).to(torch.float32) if launches % 2 else None
         if key.layout == "flat":
             logits, labels_dev = rows, labels.to(dev)
-            lse_dev, scale_dev = lse.to(torch.float32).to(dev), scale.to(dev)
+            lse_dev, scale_dev = high.to(dev), scale.to(dev)
+            low_dev = None if low is None else low.to(dev)
         else:
             # [S,B,V] logits with [B,S] token tensors: token (b, s) is row s*B + b.
             logits = rows.view(s, b, v)
             labels_dev = labels.view(s, b).t().contiguous().to(dev)
-            lse_dev = lse.to(torch.float32).view(s, b).t().contiguous().to(dev)
+            lse_dev = high.view(s, b).t().contiguous().to(dev)
+            low_dev = None if low is None else low.view(s, b).t().contiguous().to(dev)
             scale_dev = scale.view(s, b).t().contiguous().to(dev)
         grad = _kernels.backward(logits, labels_dev, lse_dev, scale_dev, options,
-                                 overwrite=key.overwrite)
+                                 overwrite=key.overwrite, lse_low=low_dev)
         if key.overwrite:
             grad = logits
         if dev.type == "cuda":
