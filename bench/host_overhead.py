@@ -154,8 +154,8 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
     plans = _plans.thread_plans()
 
     def plan_lookup() -> Any:  # the key as cegen._kernels.forward makes it
-        key = ("forward", options, logits.dtype, logits.shape, logits.stride(), logits.device,
-               labels.dtype, labels.shape, labels.stride(), labels.device)
+        key = ("forward", options, False, logits.dtype, logits.shape, logits.stride(),
+               logits.device, labels.dtype, labels.shape, labels.stride(), labels.device)
         return _kernels._plan_for(plans, key)
 
     plan = plan_lookup()
