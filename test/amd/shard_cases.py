@@ -209,15 +209,16 @@ def check_stats(torch, harness, report, text, where, options, logits, label_t, x
 
 
 def combined_lse(torch, cegen, full, labels, case, alpha, global_smoothing):
-    """Every rank's float64 statistics rounded to f32, combined as the trainer does."""
+    """Every rank's float64 statistics rounded to f32, combined as the trainer does:
+    (lse, lse_low), the latter lse's low part (bundle format 4)."""
     L, W = case.local, case.world
     G = L * W
     stats = torch.stack([reference_stats(torch, full[:, r * L:(r + 1) * L], labels, r * L, G,
                                          alpha > 0).float() for r in range(W)])
-    _loss, lse = cegen.combine_shard_stats(
+    _loss, lse, low = cegen.combine_shard_stats(
         stats, labels, ignore_index=IGNORE, label_smoothing=alpha, z_loss=0.0, vocab_local=L,
-        vocab=G, global_smoothing=global_smoothing, rank=case.rank)
-    return lse.float()
+        vocab=G, global_smoothing=global_smoothing, rank=case.rank, with_low=True)
+    return lse.float(), low.float()
 
 
 def check_backward(torch, h200, cegen, harness, report, text, where, options, logits, label_t,
@@ -226,11 +227,21 @@ def check_backward(torch, h200, cegen, harness, report, text, where, options, lo
     key = parse_key(text)
     n, L, start = labels.numel(), case.local, case.rank * case.local
     G = L * case.world
-    lse = combined_lse(torch, cegen, full, labels, case, alpha, global_smoothing) if n else \
-        torch.zeros([0])
+    lse, low = combined_lse(torch, cegen, full, labels, case, alpha, global_smoothing) if n else \
+        (torch.zeros([0]), torch.zeros([0]))
+    # Every other call passes lse's low part (ce_options.lse_low, flag bit 3), as the trainer
+    # does; the reference then takes lse + lse_low.
+    with_low = bool(torch.rand([], generator=gen) < 0.5)
     g = torch.rand([n], generator=gen, dtype=torch.float64) * 1.5 + 0.25
     g = torch.where(torch.rand([n], generator=gen) < 0.15, torch.zeros_like(g), g).float()
     lse_t = lse.reshape(tokens).contiguous()
+    low_t = low.reshape(tokens).contiguous()
+    if with_low:
+        import ctypes
+
+        low_desc = harness.desc(low_t, "f32")  # kept alive through the call
+        options = type(options).from_buffer_copy(options)
+        options.lse_low = ctypes.addressof(low_desc)
     g_t = g.reshape(tokens).contiguous()
     storage = torch.full([n * (L + 2) + 4], 5.5, dtype=logits.dtype)
     grad = storage[:n * (L + 2)].view(n, L + 2)[:, :L]  # token rows, padded
@@ -250,7 +261,7 @@ def check_backward(torch, h200, cegen, harness, report, text, where, options, lo
                  lambda: "the gradient's padding was written")
     got = rows_of(out).double()
     x = full[:, start:start + L]
-    lse64 = lse.double().unsqueeze(1)
+    lse64 = (lse.double() + (low.double() if with_low else 0.0)).unsqueeze(1)
     p = torch.exp(x - lse64)
     vs = G if global_smoothing else L
     s = alpha * vs / (vs - 1) if alpha else 0.0
