@@ -39,14 +39,14 @@ static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                                         ArrayRef<Value> xs, Value max,
                                         Value negScaledMax = {}) {
   Value zero = rows.f32(0.0f, max.getType());
-  Value log2e = negScaledMax ? rows.f32(kLog2E, max.getType()) : Value();
+  Value log2e = negScaledMax ? rows.scaledLog2E(max.getType()) : Value();
   Value smallTerms, allTerms;
   for (Value x : xs) {
     Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
     Value e = negScaledMax
                   ? math::Exp2Op::create(
                         b, math::FmaOp::create(b, x, log2e, negScaledMax))
-                  : rows.buildExp(arith::SubFOp::create(b, x, max));
+                  : rows.buildScaledExp(arith::SubFOp::create(b, x, max));
     Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
@@ -73,7 +73,7 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   for (Value x : xs.drop_front())
     tileMax = arith::MaximumFOp::create(b, tileMax, x);
   Value newMax = arith::MaximumFOp::create(b, max, tileMax);
-  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value rescale = rows.buildScaledExp(arith::SubFOp::create(b, max, newMax));
   Type type = max.getType();
   Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
@@ -141,13 +141,17 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
   if (!stepMax)
     stepMax = maximumOf(b, xs);
   Value newMax = arith::MaximumFOp::create(b, max, stepMax);
-  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value rescale = rows.buildScaledExp(arith::SubFOp::create(b, max, newMax));
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  // With a logit scale s, log2 e is fl(s log2 e) throughout: the terms are
+  // exp2(x fl(s log2 e) - c), c = fl(m fl(s log2 e)), whose error is one
+  // rounding of (x - m) s log2 e + d, never that of s x or s m.
+  Value log2e = rows.scaledLog2E();
   Value negScaled = arith::MinimumFOp::create(
-      b, arith::MulFOp::create(b, newMax, rows.f32(-kLog2E)),
+      b, arith::NegFOp::create(b, arith::MulFOp::create(b, newMax, log2e)),
       rows.f32(kMaxNegScaledMax));
   Value residual = arith::MaximumFOp::create(
-      b, math::FmaOp::create(b, newMax, rows.f32(kLog2E), negScaled),
+      b, math::FmaOp::create(b, newMax, log2e, negScaled),
       rows.f32(-64.0f));
   Value unscale = unscaleOf(rows, b, residual);
   auto [smallTerms, allTerms] =
@@ -189,7 +193,7 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
   // The lower state's sum, its implicit 1 included (0 for a state that saw
   // no value > -inf: its rest is -1).
   Value lowSum = arith::AddFOp::create(b, lowRest, f32(1.0f, type));
-  Value scale = buildExp(arith::SubFOp::create(b, lowMax, topMax));
+  Value scale = buildScaledExp(arith::SubFOp::create(b, lowMax, topMax));
   Value rest = arith::AddFOp::create(
       b, topRest, arith::MulFOp::create(b, lowSum, scale));
   return {topMax, rest};
@@ -208,9 +212,11 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   // the way of the main sweep's). So is a row whose plain sum overflowed
   // (|x| V past FLT_MAX). Every thread has the same max and sum, so the
   // branch is uniform.
-  Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
-                                        math::AbsFOp::create(b, stats.max),
-                                        f32(kFoldLimit));
+  // With a logit scale the limit is on |s max|, the magnitude of the
+  // folded exponents.
+  Value unusual = arith::CmpFOp::create(
+      b, arith::CmpFPredicate::UGE,
+      math::AbsFOp::create(b, scaleLogits(stats.max)), f32(kFoldLimit));
   if (withSum)
     unusual = arith::OrIOp::create(
         b, unusual,
@@ -279,8 +285,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         // (max, rest): the same maximum, summed by many lanes, where this
         // scalar loop sums one element after another (less accurate).
         Value foldable = arith::CmpFOp::create(
-            b, arith::CmpFPredicate::OLT, math::AbsFOp::create(b, stats.max),
-            f32(kFoldLimit));
+            b, arith::CmpFPredicate::OLT,
+            math::AbsFOp::create(b, scaleLogits(stats.max)), f32(kFoldLimit));
         exact.rest =
             arith::SelectOp::create(b, foldable, stats.rest, exact.rest);
         if (withSum) {
@@ -466,5 +472,6 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
 }
 
 Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
-  return arith::AddFOp::create(b, stats.max, buildLog1p(stats.rest));
+  return arith::AddFOp::create(b, scaleLogits(stats.max),
+                               buildLog1p(stats.rest));
 }
