@@ -186,14 +186,26 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
     // lse - mean as log1p(rest) - (mean - max): the rounding of lse (half
     // an ulp of a large max) stays out of the difference, and mean - max
     // comes from a sum that cannot overflow (RowStats::meanShift).
-    // Of z: mean_j z_j - max_j z_j = s (mean - max), the shifted mean
-    // scaled once.
-    Value smoothTerm = arith::SubFOp::create(
-        b, rows.buildLog1p(stats.rest), rows.scaleLogits(stats.meanShift));
+    // Of z: mean_j z_j - max_j z_j = s (mean - max). With a logit scale
+    // the term is s_a log1p(rest) - (s_a s)(mean - max), s_a the smoothing
+    // factor: its two parts are >= 0 (no cancellation), and (s_a s) is
+    // formed first, so that a finite smoothed loss of a row near -FLT_MAX
+    // does not overflow in s (mean - max).
     Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
-    Value smoothed =
-        arith::AddFOp::create(b, arith::MulFOp::create(b, keep, loss),
-                              arith::MulFOp::create(b, smoothing, smoothTerm));
+    Value smoothPart;
+    if (Value logitScale = config.logitScale)
+      smoothPart = arith::SubFOp::create(
+          b, arith::MulFOp::create(b, smoothing, rows.buildLog1p(stats.rest)),
+          arith::MulFOp::create(
+              b, arith::MulFOp::create(b, smoothing, logitScale),
+              stats.meanShift));
+    else
+      smoothPart = arith::MulFOp::create(
+          b, smoothing,
+          arith::SubFOp::create(b, rows.buildLog1p(stats.rest),
+                                stats.meanShift));
+    Value smoothed = arith::AddFOp::create(
+        b, arith::MulFOp::create(b, keep, loss), smoothPart);
     // A coefficient of 0 (a run-time value) gives the plain loss exactly,
     // also on rows whose smoothing term is infinite (0 * inf is NaN).
     loss = selectUnlessZero(smoothing, loss, smoothed);

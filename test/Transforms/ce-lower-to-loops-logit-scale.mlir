@@ -69,12 +69,15 @@ func.func @fused_scale(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<?xf32>
 
 // -----
 
-// Smoothing's mean is of z: log1p(rest) - (mean - max) s.
+// Smoothing's mean is of z: s_a log1p(rest) - (s_a s)(mean - max), s_a the
+// smoothing factor, (s_a s) formed first.
 
 // CHECK-LABEL: func.func @smoothing_scale
 // CHECK-SAME: %[[S:[^:]*]]: f32)
+// CHECK: %[[SA:.*]] = arith.select
 // CHECK: %[[STATS:.*]]:3 = scf.if
-// CHECK: %[[MS:.*]] = arith.mulf %[[STATS]]#2, %[[S]] : f32
+// CHECK: %[[SAS:.*]] = arith.mulf %[[SA]], %[[S]] : f32
+// CHECK: %[[MS:.*]] = arith.mulf %[[SAS]], %[[STATS]]#2 : f32
 // CHECK: arith.subf %{{.*}}, %[[MS]] : f32
 func.func @smoothing_scale(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %a: f32, %s: f32) {
   ce.forward %x, %y into %loss, %lse label_smoothing(%a) logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
