@@ -387,8 +387,17 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
         row[label] = roundTo(type, others + std::log(1999.0));
       } else if (t == 3) {
         // A large common offset: exp without the max subtraction overflows.
+        // The label at the second largest value: the loss is then of order
+        // s (x_max - x_y), so its tolerance sees the rounding of s x_y - s m
+        // formed as two products (a kernel must take (x_y - m) s).
         for (int64_t j = 0; j < v; ++j)
           row[j] = roundTo(type, row[j] + 100.0);
+        int64_t top = std::max_element(row, row + v) - row;
+        int64_t second = top == 0 ? 1 : 0;
+        for (int64_t j = 0; j < v; ++j)
+          if (j != top && row[j] > row[second] && row[j] < row[top])
+            second = j;
+        p.labels[t] = second;
       } else if (t == 4) {
         // A maximum past 2^24 (the kernels sweep such a row again with exact
         // subtractions): nine values 2^20 apart (f16: 1024), so the maximum
