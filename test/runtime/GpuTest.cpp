@@ -4,7 +4,7 @@
 // fake_gpu_driver.c built as libcuda.so.1 and libamdhip64.so, so the
 // runtime's CUDA and HIP backends run their real code paths (target
 // selection, contexts, module and function caching, the kernel parameter
-// ABI: the descriptor fields, then the six option values by value, an f32
+// ABI: the descriptor fields, then the seven option values by value, an f32
 // as 4 bytes; grid and block, streams, graph capture, label status words)
 // on a machine without a GPU. The fake records each launch's parameters; the
 // test plays the kernel's part by writing the status word it was given.

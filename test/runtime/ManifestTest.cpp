@@ -7,7 +7,7 @@
 // duplicate keys, too-new and malformed versions, NUL characters, bad UTF-8
 // and deep nesting, the per-kernel rules, and each kernel's `args` against
 // BundleAbi.h's expectedRoles()/expectedArg() for every kind of variant
-// (the tensors, then the six value arguments, in that order only), and the
+// (the tensors, then the seven value arguments, in that order only), and the
 // refusal of format versions 1 and 2.
 // Every failure must be CE_ERROR_BUNDLE with the file's path, and the
 // message, and the byte offset where the problem has one, are checked.
