@@ -230,8 +230,11 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     return values;
   };
   if (withSum)
-    stats.meanShift = arith::SubFOp::create(
-        b, arith::DivFOp::create(b, stats.sum, vocabF32), stats.max);
+    unusual = arith::OrIOp::create(
+        b, unusual,
+        arith::CmpFOp::create(b, arith::CmpFPredicate::UEQ,
+                              math::AbsFOp::create(b, stats.meanShift),
+                              f32(kInf)));
   SmallVector<Value> values = buildIfYield(
       b, unusual, types,
       [&] {
@@ -336,6 +339,23 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
+  // The row sum is taken of x - c, c the row's first element (0 where that
+  // is not finite, or for an empty row): a common offset of the logits (all
+  // near 100, say) then costs no digits of mean - max, which the smoothing
+  // term scales by the logit scale.
+  Value sumShift;
+  if (withSum) {
+    Value nonEmpty = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt, vocab,
+                                           index(0));
+    Value first = buildIfYield(
+        b, nonEmpty, TypeRange{b.getF32Type()},
+        [&] { return SmallVector<Value>{loadElement(row, index(0))}; },
+        [&] { return SmallVector<Value>{f32(0.0f)}; })[0];
+    Value finite = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                         math::AbsFOp::create(b, first),
+                                         f32(kInf));
+    sumShift = arith::SelectOp::create(b, finite, first, f32(0.0f));
+  }
   // Where a step's vectors come from: global memory, global memory with a
   // copy kept in the row cache, or the row cache.
   enum class Source { Global, GlobalToCache, Cache, Ring };
@@ -368,7 +388,12 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         buildIfValid(valid, k,
                      [&] { storeCachedVector(range, offsets[k], raw); });
       Value x = widen(raw);
-      sumXs.push_back(x);
+      sumXs.push_back(
+          sumShift ? arith::SubFOp::create(
+                         b, x, vector::BroadcastOp::create(b, vectorType,
+                                                           sumShift))
+                         .getResult()
+                   : x);
       if (!valid.empty()) {
         // A vector past the row: -inf adds nothing to (max, rest), 0
         // nothing to the sum.
@@ -458,7 +483,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
             stepState(*this, b, state[0], state[1], {x});
         SmallVector<Value> next = {tailMax, tailRest};
         if (withSum)
-          next.push_back(arith::AddFOp::create(b, state[2], x));
+          next.push_back(arith::AddFOp::create(
+              b, state[2], arith::SubFOp::create(b, x, sumShift)));
         return next;
       });
   std::tie(max, rest) =
@@ -466,9 +492,19 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   if (withSum)
     sum = arith::AddFOp::create(b, sum, tailState[2]);
   std::tie(max, rest) = allReduceState(max, rest);
-  if (withSum)
-    sum = allReduceSum(sum);
-  return {max, rest, sum};
+  if (!withSum)
+    return {max, rest, Value()};
+  // sum = sum_j (x_j - c) + V c; mean - max = sum_j (x_j - c) / V + (c - max).
+  Value shiftedSum = allReduceSum(sum);
+  Value vocabF32 = arith::UIToFPOp::create(
+      b, b.getF32Type(),
+      arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
+  RowStats stats{max, rest};
+  stats.sum = math::FmaOp::create(b, sumShift, vocabF32, shiftedSum);
+  stats.meanShift = arith::AddFOp::create(
+      b, arith::DivFOp::create(b, shiftedSum, vocabF32),
+      arith::SubFOp::create(b, sumShift, max));
+  return stats;
 }
 
 Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
