@@ -117,8 +117,13 @@ public:
   /// `fl(s log2 e)` (the constant log2 e without a scale), shaped like `like`.
   Value scaledLog2E(Type like = {});
 
-  /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j.
-  RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum);
+  /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j, as
+  /// sum_j (x_j - c) with c the row's first finite element when
+  /// `shiftedSum` (an exact mean - max for logits with a common offset; the
+  /// raw sum is then sum_j (x_j - c) + V c, which loses digits where it is
+  /// small: shard_stats, which stores the raw sum, passes false).
+  RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum,
+                           bool shiftedSum = true);
 
   /// `lse = s max + log1p(rest)`.
   Value buildLogSumExp(const RowStats &stats);
@@ -168,7 +173,8 @@ public:
 private:
   /// buildStatistics' main sweep, each exponent one FMA (valid for rows
   /// whose maximum is below 2^24 in magnitude).
-  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum);
+  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum,
+                                bool shiftedSum);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);

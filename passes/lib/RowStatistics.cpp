@@ -200,8 +200,8 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 }
 
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
-                                         bool withSum) {
-  RowStats stats = buildStatisticsSweep(row, vocab, withSum);
+                                         bool withSum, bool shiftedSum) {
+  RowStats stats = buildStatisticsSweep(row, vocab, withSum, shiftedSum);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
@@ -326,7 +326,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
 }
 
 RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
-                                              bool withSum) {
+                                              bool withSum, bool shiftedSum) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
@@ -344,7 +344,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   // near 100, say) then costs no digits of mean - max, which the smoothing
   // term scales by the logit scale.
   Value sumShift;
-  if (withSum) {
+  if (withSum && shiftedSum) {
     Value nonEmpty = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt, vocab,
                                            index(0));
     Value first = buildIfYield(
@@ -484,7 +484,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         SmallVector<Value> next = {tailMax, tailRest};
         if (withSum)
           next.push_back(arith::AddFOp::create(
-              b, state[2], arith::SubFOp::create(b, x, sumShift)));
+              b, state[2],
+              sumShift ? arith::SubFOp::create(b, x, sumShift).getResult() : x));
         return next;
       });
   std::tie(max, rest) =
@@ -495,15 +496,20 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   if (!withSum)
     return {max, rest, Value()};
   // sum = sum_j (x_j - c) + V c; mean - max = sum_j (x_j - c) / V + (c - max).
-  Value shiftedSum = allReduceSum(sum);
+  Value reducedSum = allReduceSum(sum);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
   RowStats stats{max, rest};
-  stats.sum = math::FmaOp::create(b, sumShift, vocabF32, shiftedSum);
-  stats.meanShift = arith::AddFOp::create(
-      b, arith::DivFOp::create(b, shiftedSum, vocabF32),
-      arith::SubFOp::create(b, sumShift, max));
+  Value mean = arith::DivFOp::create(b, reducedSum, vocabF32);
+  if (!sumShift) {
+    stats.sum = reducedSum;
+    stats.meanShift = arith::SubFOp::create(b, mean, max);
+    return stats;
+  }
+  stats.sum = math::FmaOp::create(b, sumShift, vocabF32, reducedSum);
+  stats.meanShift =
+      arith::AddFOp::create(b, mean, arith::SubFOp::create(b, sumShift, max));
   return stats;
 }
 

@@ -310,8 +310,9 @@ void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
 
 void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
   LabelInfo label = readLabel(t);
-  RowStats stats =
-      rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+  // The raw row sum is stored: no shift (buildStatistics).
+  RowStats stats = rows.buildStatistics(rowOf(logits, t), vocab,
+                                        hasSmoothing(), /*shiftedSum=*/false);
   Value target =
       arith::SelectOp::create(b, label.accepted, label.target, rows.f32(kNaN));
   target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
