@@ -148,6 +148,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   bool sharded = key.op == KernelOp::Backward || key.op == KernelOp::ShardStats;
   Value shardStart = sharded ? values[4] : Value();
   Value shardVocab = sharded ? values[5] : Value();
+  // Every kernel reads the logit scale (1 costs nothing measurable).
+  Value logitScale = values[6];
   IntegerAttr ignore;
   FloatAttr smoothing = b.getF32FloatAttr(0.0f);
   FloatAttr zLoss = b.getF32FloatAttr(0.0f);
@@ -159,13 +161,14 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
     ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
                       tensors[4], status,
                       flags, ignoreIndex, smoothingValue, zLossValue,
-                      shardStart, shardVocab, layout, ignore, smoothing, zLoss,
-                      shard);
+                      shardStart, shardVocab, logitScale, layout, ignore,
+                      smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
     ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
                          ignoreIndex, smoothingValue, zLossValue, shardStart,
-                         shardVocab, layout, ignore, smoothing, zLoss, shard);
+                         shardVocab, logitScale, layout, ignore, smoothing,
+                         zLoss, shard);
     break;
   case KernelOp::Backward:
     // logits, labels, lse, lse_low, grad_loss[, grad], status.
@@ -173,8 +176,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                        key.overwrite ? logits : tensors[5], tensors[3], status,
                        flags,
                        ignoreIndex, smoothingValue, zLossValue, shardStart,
-                       shardVocab, layout, ignore, smoothing, zLoss, shard,
-                       overwrite);
+                       shardVocab, logitScale, layout, ignore, smoothing,
+                       zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
     // logits, labels, weights, loss, lse, lse_low[, grad], status.
@@ -182,8 +185,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                     key.overwrite ? logits : tensors[6], tensors[5], status,
                     flags,
                     ignoreIndex, smoothingValue, zLossValue, shardStart,
-                    shardVocab, layout, ignore, smoothing, zLoss, shard,
-                    overwrite);
+                    shardVocab, logitScale, layout, ignore, smoothing, zLoss,
+                    shard, overwrite);
     break;
   case KernelOp::Rescale:
     break; // built above
@@ -256,8 +259,8 @@ public:
       return func.emitError("a kernel of \"")
              << key.str() << "\" takes " << expected.size()
              << " arguments (its tensors, then flags, ignore_index, "
-                "label_smoothing, z_loss, shard_start and shard_vocab by "
-                "value), this function " << roles.size();
+                "label_smoothing, z_loss, shard_start, shard_vocab and "
+                "logit_scale by value), this function " << roles.size();
     std::vector<EmittedArg> args;
     for (auto [i, role] : llvm::enumerate(roles)) {
       if (role ? *role != expected[i] : !::ce::isValueRole(expected[i]))
@@ -312,9 +315,11 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
           "a kernel for a bundle takes ignore_index, label_smoothing, z_loss "
           "and a shard's bounds as run-time operands (bundle format version "
           "3), not as attributes");
-    if (!op.getStatus() || !op.getFlags() || !op.getIgnoreIndexValue())
-      return op.emitError("a kernel for a bundle needs status, flags and "
-                          "ignore_index operands (docs/bundle-format.md)");
+    if (!op.getStatus() || !op.getFlags() || !op.getIgnoreIndexValue() ||
+        !op.getLogitScale())
+      return op.emitError("a kernel for a bundle needs status, flags, "
+                          "ignore_index and logit_scale operands "
+                          "(docs/bundle-format.md)");
     bool takesSlice = isa<BackwardOp, ShardStatsOp>(op.getOperation());
     if (takesSlice != static_cast<bool>(shard) ||
         (shard && shard.getGlobalSmoothing()))
@@ -339,7 +344,8 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(addIf(ArgRole::LabelSmoothing, op.getLabelSmoothingValue())) &&
         succeeded(addIf(ArgRole::ZLoss, op.getZLossValue())) &&
         succeeded(addIf(ArgRole::ShardStart, op.getShardStart())) &&
-        succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())));
+        succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())) &&
+        succeeded(roles.add(ArgRole::LogitScale, op.getLogitScale())));
   };
   // Forward, fused and backward kernels take lse's low part (version 4).
   auto addLseLow = [&](Operation *op, Value lseLow) -> LogicalResult {

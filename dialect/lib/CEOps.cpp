@@ -8,6 +8,7 @@
 #include "ce/Dialect/CE/IR/CEOps.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/Matchers.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
@@ -168,6 +169,16 @@ public:
     if (op.getZLossValue() && zLoss != 0.0f)
       return op->emitOpError("z_loss is given both as an attribute and as an "
                              "operand");
+    // A logit scale known here (a constant operand) must be one the runtime
+    // would accept: finite and positive.
+    APFloat scale(0.0f);
+    if (Value logitScale = op.getLogitScale();
+        logitScale && matchPattern(logitScale, m_ConstantFloat(&scale))) {
+      float value = scale.convertToFloat();
+      if (!(value > 0.0f) || std::isinf(value))
+        return op->emitOpError("logit_scale must be finite and positive, got ")
+               << value;
+    }
     ShardAttr shard = op.getShardAttr();
     bool runtimeBounds = static_cast<bool>(op.getShardStart());
     if (runtimeBounds != static_cast<bool>(op.getShardVocab()))

@@ -72,6 +72,8 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
            "z-loss or shard";
   if (fwd.getFlags() != bwd.getFlags())
     return "forward and backward take different run-time flags";
+  if (fwd.getLogitScale() != bwd.getLogitScale())
+    return "forward and backward take different logit scales";
   if (fwd->getBlock() != bwd->getBlock())
     return "forward and backward are in different blocks";
   Value gradLoss = bwd.getGradLoss();
@@ -140,7 +142,8 @@ struct CEFuseForwardBackwardPass
                       bwd.getGrad(), fwd.getLseLow(), status, fwd.getFlags(),
                       fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
                       fwd.getZLossValue(), fwd.getShardStart(),
-                      fwd.getShardVocab(), fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
+                      fwd.getShardVocab(), fwd.getLogitScale(),
+                      fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
                       fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(),
                       fwd.getShardAttr(), bwd.getOverwriteInputAttr());
       bwd.erase();

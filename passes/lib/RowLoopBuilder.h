@@ -20,10 +20,12 @@ class TargetInfo;
 
 /// The statistics of one logits row. The sum of exponentials is
 /// `S = 1 + rest` at scale `max` (the maximum's own term is implicit), which
-/// keeps the small terms of a confident row from being rounded away.
+/// keeps the small terms of a confident row from being rounded away. With a
+/// logit scale `s` (RowLoopBuilder::setLogitScale) the exponentials are of
+/// z = s x; `max` and the sums stay of x, exact.
 struct RowStats {
   Value max;  ///< f32, max_j x_j (-FLT_MAX for an all -inf row, NaN with NaN)
-  Value rest; ///< f32, S - 1 where S = sum_j exp(x_j - max) (-1: no x > -inf)
+  Value rest; ///< f32, S - 1 where S = sum_j exp(s (x_j - max)) (-1: no x > -inf)
   Value sum;  ///< f32, sum_j x_j, only when requested
   /// f32, mean_j x_j - max, with the sum (label smoothing's term): from
   /// the sum where it is finite and |max| < 2^24, else from the exact
@@ -100,26 +102,49 @@ public:
 
   const RowThreads &getThreads() const { return threads; }
 
-  /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j.
-  RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum);
+  /// Every exponential of the sweeps is then of z = s x (an f32 value that
+  /// dominates the sweeps; null: s = 1): `exp(s (x - m))`, the subtraction
+  /// first (exact near the maximum), then one relative rounding, as
+  /// `exp2((x - m) * fl(s log2 e))`.
+  void setLogitScale(Value scale);
+  /// The logit scale, or null for 1.
+  Value getLogitScale() const { return logitScale; }
 
-  /// `lse = max + log1p(rest)`.
+  /// `diff * s` (scalar or vector), `diff` without a scale.
+  Value scaleLogits(Value diff);
+  /// `exp(s * diff)` (scalar or vector) as `exp2(diff * fl(s log2 e))`.
+  Value buildScaledExp(Value diff);
+  /// `fl(s log2 e)` (the constant log2 e without a scale), shaped like `like`.
+  Value scaledLog2E(Type like = {});
+
+  /// Sweeps `row[0, vocab)` once; `withSum` also accumulates sum_j x_j, as
+  /// sum_j (x_j - c) with c the row's first finite element when
+  /// `shiftedSum` (an exact mean - max for logits with a common offset; the
+  /// raw sum is then sum_j (x_j - c) + V c, which loses digits where it is
+  /// small: shard_stats, which stores the raw sum, passes false).
+  RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum,
+                           bool shiftedSum = true);
+
+  /// `lse = s max + log1p(rest)`.
   Value buildLogSumExp(const RowStats &stats);
 
-  /// Writes `grad[j] = scale * (exp(x_j - lse) * c - u)` for every j of the
-  /// row, reading `x` from `row` and writing into `grad` (may be the same
-  /// buffer: each element is read before it is written). With `lseLow` the
-  /// exponent is `(x_j - lse) - lseLow`: `lse` is then the row maximum and
-  /// `lseLow` the log of the sum at that scale, kept apart so that the
-  /// exponent's error does not grow with |x| (a rounded f32 lse costs
-  /// |lse| * 2^-24 in every exponent).
+  /// Writes `grad[j] = scale * (exp(z_j - lse) * c - u)` for every j of the
+  /// row, z = s x (setLogitScale), reading `x` from `row` and writing into
+  /// `grad` (may be the same buffer: each element is read before it is
+  /// written). The exponent is `fma(s, x_j, -lse)` (one rounding), minus
+  /// `lseLow` when given. With `fromRowMax` (the fused op) `lse` is instead
+  /// the row maximum m of x and `lseLow` the log of the sum at that scale,
+  /// and the exponent `(x_j - m) s - lseLow` (the subtraction exact near the
+  /// maximum), so that its error does not grow with |x| (a rounded f32 lse
+  /// costs |lse| * 2^-24 in every exponent).
   /// `afterStatistics`: the statistics sweep of this row just ran in this
   /// workgroup, so a GPU sweep reads the cached chunks from the row cache
   /// and walks the others from the row's end (the most recently read bytes
   /// are the likeliest still in L2).
   void buildGradientSweep(const RowRef &row, const RowRef &grad, Value vocab,
                           Value lse, Value scale, Value c, Value u,
-                          bool afterStatistics = false, Value lseLow = {});
+                          bool afterStatistics = false, Value lseLow = {},
+                          bool fromRowMax = false);
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
@@ -148,7 +173,8 @@ public:
 private:
   /// buildStatistics' main sweep, each exponent one FMA (valid for rows
   /// whose maximum is below 2^24 in magnitude).
-  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum);
+  RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum,
+                                bool shiftedSum);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);
@@ -267,6 +293,8 @@ private:
   unsigned vectorWidth;
   unsigned unroll;
   RowThreads threads;
+  Value logitScale;    ///< f32 s, or null for 1
+  Value logitScaleLog2E; ///< f32 fl(s log2 e), with logitScale
 };
 
 } // namespace mlir::ce

@@ -33,6 +33,34 @@ Value RowLoopBuilder::buildExp(Value x) {
   return math::Exp2Op::create(b, scaled);
 }
 
+void RowLoopBuilder::setLogitScale(Value scale) {
+  logitScale = scale;
+  logitScaleLog2E =
+      scale ? arith::MulFOp::create(b, scale, f32(kLog2E)).getResult() : Value();
+}
+
+Value RowLoopBuilder::scaledLog2E(Type like) {
+  if (!logitScaleLog2E)
+    return f32(kLog2E, like);
+  if (auto vectorType = dyn_cast_if_present<VectorType>(like))
+    return vector::BroadcastOp::create(b, vectorType, logitScaleLog2E);
+  return logitScaleLog2E;
+}
+
+Value RowLoopBuilder::scaleLogits(Value diff) {
+  if (!logitScale)
+    return diff;
+  Value scale = logitScale;
+  if (auto vectorType = dyn_cast<VectorType>(diff.getType()))
+    scale = vector::BroadcastOp::create(b, vectorType, scale);
+  return arith::MulFOp::create(b, diff, scale);
+}
+
+Value RowLoopBuilder::buildScaledExp(Value diff) {
+  return math::Exp2Op::create(
+      b, arith::MulFOp::create(b, diff, scaledLog2E(diff.getType())));
+}
+
 Value RowLoopBuilder::buildLog1p(Value x) {
   // log(u) = k ln2 + 2 atanh(f / (2 + f)) with u = 1 + x = 2^k (1 + f),
   // 1 + f in [sqrt(1/2), sqrt(2)). Built from arithmetic alone, so it is as

@@ -274,16 +274,24 @@ SmallVector<Value> RowLoopBuilder::buildScalarLoops(
 void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                                         Value vocab, Value lse, Value scale,
                                         Value c, Value u,
-                                        bool afterStatistics, Value lseLow) {
+                                        bool afterStatistics, Value lseLow,
+                                        bool fromRowMax) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   Value scaleC = arith::MulFOp::create(b, scale, c);
   Value negScaleU = arith::NegFOp::create(b, arith::MulFOp::create(b, scale, u));
-  // With lseLow: exp((x - m) - L) = exp2((x - m) log2 e - L log2 e), one
-  // FMA after the exact subtraction, as many instructions as exp(x - lse)'s
-  // subtraction and scaling; L log2 e (below log2 V) is rounded once per row.
+  // From the row maximum (fromRowMax): exp(s (x - m) - L) =
+  // exp2((x - m) fl(s log2 e) - L log2 e), one FMA after the exact
+  // subtraction, as many instructions as exp(x - lse)'s subtraction and
+  // scaling; L log2 e (below log2 V) is rounded once per row. From lse:
+  // exp(fma(s, x, -lse) - lseLow), s x exact inside the FMA (a subtraction
+  // without a scale), then the same FMA with log2 e.
   Value negLowScaled =
       lseLow ? arith::MulFOp::create(b, lseLow, f32(-kLog2E)).getResult()
              : Value();
+  Value logitScaleValue = getLogitScale();
+  Value negLse = logitScaleValue && !fromRowMax
+                     ? arith::NegFOp::create(b, lse).getResult()
+                     : Value();
   auto gradient = [&](Value x, Type type) -> Value {
     auto splat = [&](Value s) -> Value {
       if (isa<VectorType>(type))
@@ -291,13 +299,24 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
       return s;
     };
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
-    Value shifted = arith::SubFOp::create(b, x, splat(lse));
-    Value p = lseLow ? math::Exp2Op::create(
-                           b, math::FmaOp::create(b, shifted,
-                                                  splat(f32(kLog2E)),
-                                                  splat(negLowScaled)))
-                           .getResult()
-                     : buildExp(shifted);
+    Value p;
+    if (fromRowMax) {
+      Value shifted = arith::SubFOp::create(b, x, splat(lse));
+      p = math::Exp2Op::create(
+          b, math::FmaOp::create(b, shifted, scaledLog2E(type),
+                                 splat(negLowScaled)));
+    } else {
+      Value shifted =
+          logitScaleValue ? math::FmaOp::create(b, splat(logitScaleValue), x,
+                                            splat(negLse))
+                            .getResult()
+                 : arith::SubFOp::create(b, x, splat(lse)).getResult();
+      p = lseLow ? math::Exp2Op::create(
+                       b, math::FmaOp::create(b, shifted, splat(f32(kLog2E)),
+                                              splat(negLowScaled)))
+                       .getResult()
+                 : buildExp(shifted);
+    }
     return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
   };
   auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {

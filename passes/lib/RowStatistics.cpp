@@ -39,14 +39,14 @@ static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                                         ArrayRef<Value> xs, Value max,
                                         Value negScaledMax = {}) {
   Value zero = rows.f32(0.0f, max.getType());
-  Value log2e = negScaledMax ? rows.f32(kLog2E, max.getType()) : Value();
+  Value log2e = negScaledMax ? rows.scaledLog2E(max.getType()) : Value();
   Value smallTerms, allTerms;
   for (Value x : xs) {
     Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
     Value e = negScaledMax
                   ? math::Exp2Op::create(
                         b, math::FmaOp::create(b, x, log2e, negScaledMax))
-                  : rows.buildExp(arith::SubFOp::create(b, x, max));
+                  : rows.buildScaledExp(arith::SubFOp::create(b, x, max));
     Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
@@ -73,7 +73,7 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   for (Value x : xs.drop_front())
     tileMax = arith::MaximumFOp::create(b, tileMax, x);
   Value newMax = arith::MaximumFOp::create(b, max, tileMax);
-  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value rescale = rows.buildScaledExp(arith::SubFOp::create(b, max, newMax));
   Type type = max.getType();
   Value zero = rows.f32(0.0f, type), one = rows.f32(1.0f, type);
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
@@ -141,13 +141,17 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
   if (!stepMax)
     stepMax = maximumOf(b, xs);
   Value newMax = arith::MaximumFOp::create(b, max, stepMax);
-  Value rescale = rows.buildExp(arith::SubFOp::create(b, max, newMax));
+  Value rescale = rows.buildScaledExp(arith::SubFOp::create(b, max, newMax));
   Value grew = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, newMax, max);
+  // With a logit scale s, log2 e is fl(s log2 e) throughout: the terms are
+  // exp2(x fl(s log2 e) - c), c = fl(m fl(s log2 e)), whose error is one
+  // rounding of (x - m) s log2 e + d, never that of s x or s m.
+  Value log2e = rows.scaledLog2E();
   Value negScaled = arith::MinimumFOp::create(
-      b, arith::MulFOp::create(b, newMax, rows.f32(-kLog2E)),
+      b, arith::NegFOp::create(b, arith::MulFOp::create(b, newMax, log2e)),
       rows.f32(kMaxNegScaledMax));
   Value residual = arith::MaximumFOp::create(
-      b, math::FmaOp::create(b, newMax, rows.f32(kLog2E), negScaled),
+      b, math::FmaOp::create(b, newMax, log2e, negScaled),
       rows.f32(-64.0f));
   Value unscale = unscaleOf(rows, b, residual);
   auto [smallTerms, allTerms] =
@@ -189,15 +193,15 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
   // The lower state's sum, its implicit 1 included (0 for a state that saw
   // no value > -inf: its rest is -1).
   Value lowSum = arith::AddFOp::create(b, lowRest, f32(1.0f, type));
-  Value scale = buildExp(arith::SubFOp::create(b, lowMax, topMax));
+  Value scale = buildScaledExp(arith::SubFOp::create(b, lowMax, topMax));
   Value rest = arith::AddFOp::create(
       b, topRest, arith::MulFOp::create(b, lowSum, scale));
   return {topMax, rest};
 }
 
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
-                                         bool withSum) {
-  RowStats stats = buildStatisticsSweep(row, vocab, withSum);
+                                         bool withSum, bool shiftedSum) {
+  RowStats stats = buildStatisticsSweep(row, vocab, withSum, shiftedSum);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
@@ -208,9 +212,11 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
   // the way of the main sweep's). So is a row whose plain sum overflowed
   // (|x| V past FLT_MAX). Every thread has the same max and sum, so the
   // branch is uniform.
-  Value unusual = arith::CmpFOp::create(b, arith::CmpFPredicate::UGE,
-                                        math::AbsFOp::create(b, stats.max),
-                                        f32(kFoldLimit));
+  // With a logit scale the limit is on |s max|, the magnitude of the
+  // folded exponents.
+  Value unusual = arith::CmpFOp::create(
+      b, arith::CmpFPredicate::UGE,
+      math::AbsFOp::create(b, scaleLogits(stats.max)), f32(kFoldLimit));
   if (withSum)
     unusual = arith::OrIOp::create(
         b, unusual,
@@ -224,8 +230,11 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     return values;
   };
   if (withSum)
-    stats.meanShift = arith::SubFOp::create(
-        b, arith::DivFOp::create(b, stats.sum, vocabF32), stats.max);
+    unusual = arith::OrIOp::create(
+        b, unusual,
+        arith::CmpFOp::create(b, arith::CmpFPredicate::UEQ,
+                              math::AbsFOp::create(b, stats.meanShift),
+                              f32(kInf)));
   SmallVector<Value> values = buildIfYield(
       b, unusual, types,
       [&] {
@@ -279,8 +288,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         // (max, rest): the same maximum, summed by many lanes, where this
         // scalar loop sums one element after another (less accurate).
         Value foldable = arith::CmpFOp::create(
-            b, arith::CmpFPredicate::OLT, math::AbsFOp::create(b, stats.max),
-            f32(kFoldLimit));
+            b, arith::CmpFPredicate::OLT,
+            math::AbsFOp::create(b, scaleLogits(stats.max)), f32(kFoldLimit));
         exact.rest =
             arith::SelectOp::create(b, foldable, stats.rest, exact.rest);
         if (withSum) {
@@ -317,7 +326,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
 }
 
 RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
-                                              bool withSum) {
+                                              bool withSum, bool shiftedSum) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
@@ -330,6 +339,23 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
+  // The row sum is taken of x - c, c the row's first element (0 where that
+  // is not finite, or for an empty row): a common offset of the logits (all
+  // near 100, say) then costs no digits of mean - max, which the smoothing
+  // term scales by the logit scale.
+  Value sumShift;
+  if (withSum && shiftedSum) {
+    Value nonEmpty = arith::CmpIOp::create(b, arith::CmpIPredicate::ugt, vocab,
+                                           index(0));
+    Value first = buildIfYield(
+        b, nonEmpty, TypeRange{b.getF32Type()},
+        [&] { return SmallVector<Value>{loadElement(row, index(0))}; },
+        [&] { return SmallVector<Value>{f32(0.0f)}; })[0];
+    Value finite = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                         math::AbsFOp::create(b, first),
+                                         f32(kInf));
+    sumShift = arith::SelectOp::create(b, finite, first, f32(0.0f));
+  }
   // Where a step's vectors come from: global memory, global memory with a
   // copy kept in the row cache, or the row cache.
   enum class Source { Global, GlobalToCache, Cache, Ring };
@@ -362,7 +388,12 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         buildIfValid(valid, k,
                      [&] { storeCachedVector(range, offsets[k], raw); });
       Value x = widen(raw);
-      sumXs.push_back(x);
+      sumXs.push_back(
+          sumShift ? arith::SubFOp::create(
+                         b, x, vector::BroadcastOp::create(b, vectorType,
+                                                           sumShift))
+                         .getResult()
+                   : x);
       if (!valid.empty()) {
         // A vector past the row: -inf adds nothing to (max, rest), 0
         // nothing to the sum.
@@ -452,7 +483,9 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
             stepState(*this, b, state[0], state[1], {x});
         SmallVector<Value> next = {tailMax, tailRest};
         if (withSum)
-          next.push_back(arith::AddFOp::create(b, state[2], x));
+          next.push_back(arith::AddFOp::create(
+              b, state[2],
+              sumShift ? arith::SubFOp::create(b, x, sumShift).getResult() : x));
         return next;
       });
   std::tie(max, rest) =
@@ -460,11 +493,27 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   if (withSum)
     sum = arith::AddFOp::create(b, sum, tailState[2]);
   std::tie(max, rest) = allReduceState(max, rest);
-  if (withSum)
-    sum = allReduceSum(sum);
-  return {max, rest, sum};
+  if (!withSum)
+    return {max, rest, Value()};
+  // sum = sum_j (x_j - c) + V c; mean - max = sum_j (x_j - c) / V + (c - max).
+  Value reducedSum = allReduceSum(sum);
+  Value vocabF32 = arith::UIToFPOp::create(
+      b, b.getF32Type(),
+      arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
+  RowStats stats{max, rest};
+  Value mean = arith::DivFOp::create(b, reducedSum, vocabF32);
+  if (!sumShift) {
+    stats.sum = reducedSum;
+    stats.meanShift = arith::SubFOp::create(b, mean, max);
+    return stats;
+  }
+  stats.sum = math::FmaOp::create(b, sumShift, vocabF32, reducedSum);
+  stats.meanShift =
+      arith::AddFOp::create(b, mean, arith::SubFOp::create(b, sumShift, max));
+  return stats;
 }
 
 Value RowLoopBuilder::buildLogSumExp(const RowStats &stats) {
-  return arith::AddFOp::create(b, stats.max, buildLog1p(stats.rest));
+  return arith::AddFOp::create(b, scaleLogits(stats.max),
+                               buildLog1p(stats.rest));
 }

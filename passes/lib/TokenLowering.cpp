@@ -26,6 +26,8 @@ CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
   if (threads.enabled())
     isLeader = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
                                      threads.threadId, rows.index(0));
+  // z = s x: every exponential of the sweeps is of z.
+  rows.setLogitScale(config.logitScale);
   auto type = cast<MemRefType>(logits.getType());
   vocab = memref::DimOp::create(b, logits, type.getRank() - 1);
   vocabF32 = arith::UIToFPOp::create(
@@ -184,12 +186,26 @@ Value CrossEntropyLowering::buildLoss(const LabelInfo &label,
     // lse - mean as log1p(rest) - (mean - max): the rounding of lse (half
     // an ulp of a large max) stays out of the difference, and mean - max
     // comes from a sum that cannot overflow (RowStats::meanShift).
-    Value smoothTerm = arith::SubFOp::create(b, rows.buildLog1p(stats.rest),
-                                             stats.meanShift);
+    // Of z: mean_j z_j - max_j z_j = s (mean - max). With a logit scale
+    // the term is s_a log1p(rest) - (s_a s)(mean - max), s_a the smoothing
+    // factor: its two parts are >= 0 (no cancellation), and (s_a s) is
+    // formed first, so that a finite smoothed loss of a row near -FLT_MAX
+    // does not overflow in s (mean - max).
     Value keep = arith::SubFOp::create(b, rows.f32(1.0f), smoothing);
-    Value smoothed =
-        arith::AddFOp::create(b, arith::MulFOp::create(b, keep, loss),
-                              arith::MulFOp::create(b, smoothing, smoothTerm));
+    Value smoothPart;
+    if (Value logitScale = config.logitScale)
+      smoothPart = arith::SubFOp::create(
+          b, arith::MulFOp::create(b, smoothing, rows.buildLog1p(stats.rest)),
+          arith::MulFOp::create(
+              b, arith::MulFOp::create(b, smoothing, logitScale),
+              stats.meanShift));
+    else
+      smoothPart = arith::MulFOp::create(
+          b, smoothing,
+          arith::SubFOp::create(b, rows.buildLog1p(stats.rest),
+                                stats.meanShift));
+    Value smoothed = arith::AddFOp::create(
+        b, arith::MulFOp::create(b, keep, loss), smoothPart);
     // A coefficient of 0 (a run-time value) gives the plain loss exactly,
     // also on rows whose smoothing term is infinite (0 * inf is NaN).
     loss = selectUnlessZero(smoothing, loss, smoothed);
@@ -208,13 +224,14 @@ void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
                                          const LabelInfo &label, Value lse,
                                          Value logProb, Value weight,
                                          bool afterStatistics, Value rowMax,
-                                         Value logSum) {
+                                         Value logSum, Value lseLow) {
   RowRef gradRow = rowOf(grad, token);
   buildIf(
       b, label.ignored, [&] { rows.buildFill(gradRow, vocab, rows.f32(0)); },
       [&] {
-        Value scale =
-            arith::SelectOp::create(b, label.accepted, weight, rows.f32(kNaN));
+        // dL/dx = s dL/dz: the logit scale joins the per-row weight.
+        Value scale = arith::SelectOp::create(
+            b, label.accepted, rows.scaleLogits(weight), rows.f32(kNaN));
         // c = 1 + 2 z lse; its excess over 1 is kept unrounded for the
         // target term, where it may nearly cancel p_y - 1.
         Value zTerm = rows.f32(0.0f);
@@ -227,7 +244,8 @@ void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
         Value u = hasSmoothing() ? uniform : rows.f32(0.0f);
         rows.buildGradientSweep(rowOf(logits, token), gradRow, vocab,
                                 rowMax ? rowMax : lse, scale, c, u,
-                                afterStatistics, logSum);
+                                afterStatistics, rowMax ? logSum : lseLow,
+                                /*fromRowMax=*/static_cast<bool>(rowMax));
         // The target element is rewritten after every thread's sweep.
         rowBarrier();
         leaderOnly([&] {
@@ -268,26 +286,33 @@ void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
     rowBarrier();
   Value lse = memref::LoadOp::create(b, op.getLse(), t.indices);
   Value weight = memref::LoadOp::create(b, op.getGradLoss(), t.indices);
-  // x_y - lse is exact when p_y is near 1. With lse's low part the
-  // exponents are (x - lse) - lse_low: their error no longer grows with
-  // |lse|. Without the flag the operand is a placeholder (the runtime passes
-  // the lse view): read, then replaced by 0.
+  // s x_y - lse is one rounding (an FMA; a subtraction without a scale),
+  // exact when p_y is near 1. With lse's low part the exponents are
+  // (s x - lse) - lse_low: their error no longer grows with |lse|. Without
+  // the flag the operand is a placeholder (the runtime passes the lse view):
+  // read, then replaced by 0.
   Value low;
   if (Value lseLow = op.getLseLow()) {
     low = memref::LoadOp::create(b, lseLow, t.indices);
     low = arith::SelectOp::create(b, lseLowInForce(), low, rows.f32(0.0f));
   }
-  Value logProb = arith::SubFOp::create(b, label.target, lse);
+  Value logProb =
+      config.logitScale
+          ? math::FmaOp::create(b, config.logitScale, label.target,
+                                arith::NegFOp::create(b, lse))
+                .getResult()
+          : arith::SubFOp::create(b, label.target, lse).getResult();
   if (low)
     logProb = arith::SubFOp::create(b, logProb, low);
   buildGradient(t, op.getGrad(), label, lse, logProb, weight,
-                /*afterStatistics=*/false, low ? lse : Value(), low);
+                /*afterStatistics=*/false, Value(), Value(), low);
 }
 
 void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
   LabelInfo label = readLabel(t);
-  RowStats stats =
-      rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+  // The raw row sum is stored: no shift (buildStatistics).
+  RowStats stats = rows.buildStatistics(rowOf(logits, t), vocab,
+                                        hasSmoothing(), /*shiftedSum=*/false);
   Value target =
       arith::SelectOp::create(b, label.accepted, label.target, rows.f32(kNaN));
   target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
@@ -320,23 +345,35 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
   LabelInfo label = readLabel(t);
   RowStats stats =
       rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
-  Value lse = rows.buildLogSumExp(stats);
-  Value shifted = arith::SubFOp::create(b, label.target, stats.max);
+  // z = s x: lse = s max + log1p(rest) with s max rounded once (its error
+  // goes into lse_low), and log p_y = (x_y - max) s - log1p(rest), the
+  // subtraction first.
+  Value scaledMax = rows.scaleLogits(stats.max);
+  Value logSum = rows.buildLog1p(stats.rest);
+  Value lse = arith::AddFOp::create(b, scaledMax, logSum);
+  Value shifted =
+      rows.scaleLogits(arith::SubFOp::create(b, label.target, stats.max));
   // Megatron's out-of-range label: predicted logit 0 after the max shift.
   if (config.flags)
     shifted = arith::SelectOp::create(b, label.inRow, shifted, rows.f32(0.0f));
-  Value logSum = rows.buildLog1p(stats.rest);
   Value logProb = arith::SubFOp::create(b, shifted, logSum);
   Value loss = buildLoss(label, stats, lse, logProb);
-  // lse's low part: lse + low = max + logSum exactly (TwoSum), 0 where lse
-  // is not finite (an all -inf, infinite or NaN row keeps the lse it had).
+  // lse's low part: lse + low = s max + logSum exactly (TwoSum of the
+  // rounded product and logSum, plus the product's own error by FMA), 0
+  // where lse is not finite (an all -inf, infinite or NaN row keeps the lse
+  // it had).
   Value low;
   if (lseLowOut) {
-    Value bv = arith::SubFOp::create(b, lse, stats.max);
+    Value bv = arith::SubFOp::create(b, lse, scaledMax);
     Value av = arith::SubFOp::create(b, lse, bv);
     low = arith::AddFOp::create(
-        b, arith::SubFOp::create(b, stats.max, av),
+        b, arith::SubFOp::create(b, scaledMax, av),
         arith::SubFOp::create(b, logSum, bv));
+    if (config.logitScale)
+      low = arith::AddFOp::create(
+          b, low,
+          math::FmaOp::create(b, config.logitScale, stats.max,
+                              arith::NegFOp::create(b, scaledMax)));
     Value finite = arith::CmpFOp::create(
         b, arith::CmpFPredicate::OLT, math::AbsFOp::create(b, lse),
         rows.f32(std::numeric_limits<float>::infinity()));

@@ -40,6 +40,7 @@ struct OpConfig {
   Value labelSmoothingValue;  ///< f32, or null
   Value zLossValue;           ///< f32, or null
   Value shardStart, shardVocab; ///< i64 run-time bounds, or null
+  Value logitScale;             ///< f32 s (z = s x), or null for 1
 
   bool hasSmoothing() const {
     return labelSmoothingValue || labelSmoothing != 0.0f;
@@ -62,6 +63,7 @@ struct OpConfig {
     config.zLossValue = op.getZLossValue();
     config.shardStart = op.getShardStart();
     config.shardVocab = op.getShardVocab();
+    config.logitScale = op.getLogitScale();
     return config;
   }
 };
@@ -131,16 +133,18 @@ public:
   /// Writes the gradient row: zeros for an ignored token, NaN for a bad
   /// label, and otherwise `g * (p * c - s/V)` with the target element
   /// replaced by `g * (expm1(log p_y) * c + 2 z lse + s - s/V)`, computed
-  /// from the exact log-probability rather than from a rounded p_y - 1.
+  /// from the exact log-probability rather than from a rounded p_y - 1;
+  /// with a logit scale the whole row times it (the gradient is of x).
   /// `afterStatistics`: the row was just swept (the fused op), so the GPU
   /// sweep starts from the row's end, whose bytes are likeliest in L2.
   /// `rowMax` and `logSum` (the fused op, which has the unrounded
-  /// statistics): the sweep's exponent is `(x - rowMax) - logSum` instead of
-  /// `x - lse`, so its error does not grow with the logits' magnitude.
+  /// statistics): the sweep's exponent is `(x - rowMax) s - logSum` instead
+  /// of `s x - lse`, so its error does not grow with the logits' magnitude.
+  /// `lseLow` (a backward given lse's low part): `(s x - lse) - lseLow`.
   void buildGradient(const Token &token, Value grad, const LabelInfo &label,
                      Value lse, Value logProb, Value weight,
                      bool afterStatistics = false, Value rowMax = {},
-                     Value logSum = {});
+                     Value logSum = {}, Value lseLow = {});
 
   /// Work done once per op, before any token: the fused op's scalar weight
   /// is loaded once.
@@ -168,7 +172,7 @@ public:
     Value lse;
     Value logProb; ///< log p_y from the unrounded statistics
     Value rowMax;  ///< max_j x_j
-    Value logSum;  ///< log(sum_j exp(x_j - rowMax)), lse's unrounded part
+    Value logSum;  ///< log(sum_j exp(s (x_j - rowMax))), lse's unrounded part
   };
 
   /// Statistics sweep, loss, and the loss and lse stores of one token; with

@@ -95,6 +95,9 @@ class KernelOptions:
             :class:`~cegen.LabelOutOfRangeError`; ``"megatron"`` gives it Megatron-Core's
             loss ``(1-s)(lse - max) + s(lse - mean) + z lse^2`` and gradient
             ``g (p (1 + 2 z lse) - s/V)``. A kernel argument: it selects no variant.
+        logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the softmax
+            (loss, lse, smoothing and z-loss are of z; the gradient is of x); finite, > 0.
+            A kernel argument: it selects no variant (1 costs nothing).
     """
 
     ignore_index: Optional[int] = None
@@ -104,6 +107,7 @@ class KernelOptions:
     bundle: Optional[str] = None
     shard: Optional[Shard] = None
     label_out_of_range: str = "error"
+    logit_scale: float = 1.0
 
     def __post_init__(self) -> None:
         # Every value is checked and normalized by cegen._validate (a plain int, an f32-rounded
@@ -118,6 +122,7 @@ class KernelOptions:
         if self.shard is not None and not isinstance(self.shard, Shard):
             raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
         _validate.label_out_of_range(self.label_out_of_range)
+        object.__setattr__(self, "logit_scale", _validate.logit_scale(self.logit_scale))
 
     def __hash__(self) -> int:
         # The fields' hash, computed once: every launch looks its plan up by a key that
@@ -126,7 +131,8 @@ class KernelOptions:
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = hash((self.ignore_index, self.label_smoothing, self.z_loss,
-                           self.label_layout, self.bundle, self.shard, self.label_out_of_range))
+                           self.label_layout, self.bundle, self.shard, self.label_out_of_range,
+                           self.logit_scale))
             object.__setattr__(self, "_hash", cached)
         return cached
 
@@ -144,13 +150,15 @@ _OPTIONS_CACHE_SIZE = 256
 
 
 def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_layout: Any,
-                   bundle: Any, label_out_of_range: Any) -> KernelOptions:
+                   bundle: Any, label_out_of_range: Any,
+                   logit_scale: Any = 1.0) -> KernelOptions:
     """``KernelOptions(...)`` of these values, validated once per distinct value: a host-time
     saving of the per-call path (the values are plain ints, floats and strings; anything
     else, e.g. a NumPy integer or a 0-d tensor, is validated every time)."""
-    values = (ignore_index, label_smoothing, z_loss, label_layout, bundle, label_out_of_range)
+    values = (ignore_index, label_smoothing, z_loss, label_layout, bundle, label_out_of_range,
+              logit_scale)
     types = (type(ignore_index), type(label_smoothing), type(z_loss), type(label_layout),
-             type(bundle), type(label_out_of_range))
+             type(bundle), type(label_out_of_range), type(logit_scale))
     try:
         entry = _options_cache.get(values)
     except TypeError:  # an unhashable value: validation says what is wrong with it
@@ -159,12 +167,14 @@ def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_l
     if entry is not None and entry[0] == types:
         return entry[1]
     if not all(kind in _PLAIN_OPTION_TYPES for kind in types):
-        return KernelOptions(*values[:5], label_out_of_range=label_out_of_range)
+        return KernelOptions(*values[:5], label_out_of_range=label_out_of_range,
+                             logit_scale=logit_scale)
     # -0.0 == 0.0 in a dict too: a float is made non-negative zero by adding 0.0.
     options = KernelOptions(ignore_index,
                             label_smoothing + 0.0 if types[1] is float else label_smoothing,
                             z_loss + 0.0 if types[2] is float else z_loss, label_layout,
-                            bundle, label_out_of_range=label_out_of_range)
+                            bundle, label_out_of_range=label_out_of_range,
+                            logit_scale=logit_scale)
     if len(_options_cache) >= _OPTIONS_CACHE_SIZE:
         _options_cache.clear()
     _options_cache[values] = (types, options)
@@ -343,6 +353,7 @@ def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
         runtime_options.ignore_index = options.ignore_index
     runtime_options.label_smoothing = options.label_smoothing
     runtime_options.z_loss = options.z_loss
+    runtime_options.logit_scale = options.logit_scale
     runtime_options.overwrite_input = 1 if overwrite else 0
     runtime_options.label_layout = LabelLayout.BS if options.label_layout == "bs" else LabelLayout.SB
     if options.shard is not None:

@@ -36,9 +36,9 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "
 
 def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
              label_layout: str, bundle: Optional[str],
-             label_out_of_range: str) -> KernelOptions:
+             label_out_of_range: str, logit_scale: float) -> KernelOptions:
     return _kernels.kernel_options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                                   label_out_of_range)
+                                   label_out_of_range, logit_scale)
 
 
 # -- implementations (schema-friendly signatures: tensors and primitives only) -------------
@@ -46,10 +46,11 @@ def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
 
 def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
+                 bundle: Optional[str], label_out_of_range: str,
+                 logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-token (loss, lse, lse_low): lse's low part for the backward."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range)
+                       label_out_of_range, logit_scale)
     loss, lse, lse_low = _kernels.forward(logits, labels, options, low=True)
     return loss, lse, lse_low
 
@@ -57,10 +58,10 @@ def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
 def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                   grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
                   z_loss: float, label_layout: str, bundle: Optional[str],
-                  label_out_of_range: str) -> Tensor:
+                  label_out_of_range: str, logit_scale: float) -> Tensor:
     """The gradient in a fresh tensor."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range)
+                       label_out_of_range, logit_scale)
     grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False,
                              lse_low=lse_low)
     assert grad is not None
@@ -70,20 +71,22 @@ def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
 def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                             grad_loss: Tensor, ignore_index: Optional[int],
                             label_smoothing: float, z_loss: float, label_layout: str,
-                            bundle: Optional[str], label_out_of_range: str) -> None:
+                            bundle: Optional[str], label_out_of_range: str,
+                            logit_scale: float) -> None:
     """The gradient written over ``logits``."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range)
+                       label_out_of_range, logit_scale)
     _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True,
                       lse_low=lse_low)
 
 
 def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
-               bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
+               bundle: Optional[str], label_out_of_range: str,
+               logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, weighted gradient in a fresh tensor)."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range)
+                       label_out_of_range, logit_scale)
     loss, lse, grad = _kernels.fused(logits, labels, weights, options, overwrite=False)
     assert grad is not None
     return loss, lse, grad
@@ -92,10 +95,10 @@ def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 def fused_overwrite_impl(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                          label_layout: str, bundle: Optional[str],
-                         label_out_of_range: str) -> Tuple[Tensor, Tensor]:
+                         label_out_of_range: str, logit_scale: float) -> Tuple[Tensor, Tensor]:
     """(loss, lse); the weighted gradient is written over ``logits``."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range)
+                       label_out_of_range, logit_scale)
     loss, lse, _ = _kernels.fused(logits, labels, weights, options, overwrite=True)
     return loss, lse
 
@@ -117,7 +120,8 @@ def _token_outputs(logits: Tensor, label_layout: str, count: int = 2) -> Tuple[T
 
 def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
-                 bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
+                 bundle: Optional[str], label_out_of_range: str,
+                 logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`forward_impl`."""
     loss, lse, lse_low = _token_outputs(logits, label_layout, 3)
     return loss, lse, lse_low
@@ -126,7 +130,7 @@ def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
 def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                   grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
                   z_loss: float, label_layout: str, bundle: Optional[str],
-                  label_out_of_range: str) -> Tensor:
+                  label_out_of_range: str, logit_scale: float) -> Tensor:
     """Fake of :func:`backward_impl`."""
     return torch.empty_like(logits)
 
@@ -134,14 +138,16 @@ def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
 def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                             grad_loss: Tensor, ignore_index: Optional[int],
                             label_smoothing: float, z_loss: float, label_layout: str,
-                            bundle: Optional[str], label_out_of_range: str) -> None:
+                            bundle: Optional[str], label_out_of_range: str,
+                            logit_scale: float) -> None:
     """Fake of :func:`backward_overwrite_impl`."""
     return None
 
 
 def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
-               bundle: Optional[str], label_out_of_range: str) -> Tuple[Tensor, Tensor, Tensor]:
+               bundle: Optional[str], label_out_of_range: str,
+               logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`fused_impl`."""
     loss, lse = _token_outputs(logits, label_layout)
     return loss, lse, torch.empty_like(logits)
@@ -150,7 +156,7 @@ def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                          label_layout: str, bundle: Optional[str],
-                         label_out_of_range: str) -> Tuple[Tensor, Tensor]:
+                         label_out_of_range: str, logit_scale: float) -> Tuple[Tensor, Tensor]:
     """Fake of :func:`fused_overwrite_impl`."""
     loss, lse = _token_outputs(logits, label_layout)
     return loss, lse

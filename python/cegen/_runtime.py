@@ -155,6 +155,8 @@ class Options(ctypes.Structure):
         # const struct ce_tensor *: lse's low part (NULL: none). A void pointer so
         # that a plan points it at a descriptor it keeps (cegen._plans).
         ("lse_low", ctypes.c_void_p),
+        # z = logit_scale * x before the softmax (1: none).
+        ("logit_scale", ctypes.c_float),
     ]
 
 

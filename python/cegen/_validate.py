@@ -52,6 +52,7 @@ __all__ = [
     "ignore_index",
     "label_smoothing",
     "z_loss",
+    "logit_scale",
     "label_layout",
     "label_out_of_range",
     "scalar_grad_weight",
@@ -229,6 +230,18 @@ def z_loss(value: Any) -> float:
     """The coefficient of ``z * lse^2``: finite, >= 0, representable in float32."""
     return real_f32("z_loss", value, 0.0, F32_MAX,
                     what=f"a finite real number in [0, {F32_MAX:.9g}] (the largest float32)")
+
+
+#: The smallest positive float32 (a subnormal), 2^-149.
+_F32_TINY = struct.unpack("<f", b"\x01\x00\x00\x00")[0]
+
+
+def logit_scale(value: Any) -> float:
+    """The logit scale s (every logit x is taken as ``z = s * x``): finite, > 0,
+    representable in float32 (a value that rounds to 0 is refused)."""
+    return real_f32("logit_scale", value, _F32_TINY, F32_MAX,
+                    what=f"a finite real number > 0 and at most {F32_MAX:.9g} (the largest "
+                         "float32)")
 
 
 def label_layout(value: Any) -> str:

@@ -601,6 +601,7 @@ def linear_cross_entropy(
     global_smoothing: bool = False,
     reduce_grad_hidden: bool = True,
     reduction: str = "none",
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """Per-token cross entropy (fp32) of the logits ``hidden @ weight.T + bias``, computed a
     chunk of tokens at a time so that the ``[N, V]`` logits never exist in full.
@@ -663,6 +664,10 @@ def linear_cross_entropy(
             ignored, where F.cross_entropy gives NaN). A reduced loss's gradients are
             finished in the forward (three GEMMs) and multiplied by its upstream gradient
             in the backward.
+        logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the
+            softmax, as in :func:`cegen.cross_entropy` (finite, > 0; flash-attention's and
+            output multipliers' scale, applied in the kernels, not as another GEMM
+            epilogue); the gradients are of the unscaled logits' GEMMs.
 
     Returns:
         The per-token loss, float32, in the labels' shape (a 0-d tensor with a
@@ -687,7 +692,8 @@ def linear_cross_entropy(
             f"{tuple(bias.shape)} {bias.dtype} on {bias.device}")
     chunk_tokens = _validate.integer("chunk_tokens", chunk_tokens, 1, allow_none=True)
     options = KernelOptions(ignore_index, label_smoothing, z_loss, "bs",
-                            _validate.bundle(bundle), label_out_of_range=label_out_of_range)
+                            _validate.bundle(bundle), label_out_of_range=label_out_of_range,
+                            logit_scale=logit_scale)
     tp, shard = _vocab_parallel(tp_group, vocab_start, vocab_size, global_smoothing,
                                 reduce_grad_hidden, weight.shape[0])
     if shard is not None:

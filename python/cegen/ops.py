@@ -42,7 +42,8 @@ BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
 def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
     """The options as the custom ops' trailing arguments, in their schema's order."""
     return (options.ignore_index, options.label_smoothing, options.z_loss,
-            options.label_layout, options.bundle, options.label_out_of_range)
+            options.label_layout, options.bundle, options.label_out_of_range,
+            options.logit_scale)
 
 
 # The Functions take the options as separate primitives (not a KernelOptions object) so that
@@ -56,9 +57,9 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                 label_layout: str, bundle: Optional[str], label_out_of_range: str,
-                overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                logit_scale: float, overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                   label_out_of_range)
+                   label_out_of_range, logit_scale)
         loss, lse, lse_low = _library.forward(logits, labels, *op_args)
         ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.op_args = op_args
@@ -77,7 +78,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             grad = logits.detach()
         else:
             grad = _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 class _FusedCrossEntropyFunction(torch.autograd.Function):
@@ -87,9 +88,10 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 weights: torch.Tensor, ignore_index: Optional[int], label_smoothing: float,
                 z_loss: float, label_layout: str, bundle: Optional[str],
-                label_out_of_range: str, overwrite: bool) -> torch.Tensor:
+                label_out_of_range: str, logit_scale: float,
+                overwrite: bool) -> torch.Tensor:
         op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                   label_out_of_range)
+                   label_out_of_range, logit_scale)
         if overwrite:
             loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
             bump_version(logits)
@@ -106,7 +108,7 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        return _fused_backward(ctx, grad_loss, _library.rescale_fused_gradient, 10)
+        return _fused_backward(ctx, grad_loss, _library.rescale_fused_gradient, 11)
 
 
 def _fused_backward(ctx: Any, grad_loss: torch.Tensor, rescale: Any,
@@ -265,6 +267,7 @@ def cross_entropy_vouched(
     grad_weights: GradWeights = None,
     bundle: BundleArg = None,
     label_out_of_range: str = "error",
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """:func:`cross_entropy` for integrations that measured the logits' references themselves.
 
@@ -275,23 +278,24 @@ def cross_entropy_vouched(
     if is_compiling():
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
-                                     label_out_of_range)
+                                     label_out_of_range, logit_scale=logit_scale)
     return _eager_cross_entropy(logits, labels, python_refs, vouched_refs, ignore_index,
                                 label_smoothing, z_loss, overwrite_input, label_layout,
-                                grad_weights, bundle, label_out_of_range, 4)
+                                grad_weights, bundle, label_out_of_range, 4, logit_scale)
 
 
 def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs: int,
                          vouched_refs: int, ignore_index: Any, label_smoothing: Any,
                          z_loss: Any, overwrite_input: Any, label_layout: Any,
                          grad_weights: GradWeights, bundle: BundleArg,
-                         label_out_of_range: Any, stacklevel: int) -> torch.Tensor:
+                         label_out_of_range: Any, stacklevel: int,
+                         logit_scale: Any = 1.0) -> torch.Tensor:
     """The call when torch.compile is not tracing it (positional arguments: host time).
     ``stacklevel`` names the user's line in a refused-overwrite warning."""
     # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
     options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
                              bundle if bundle is None or type(bundle) is str
-                             else _validate.bundle(bundle), label_out_of_range)
+                             else _validate.bundle(bundle), label_out_of_range, logit_scale)
     if type(overwrite_input) is not bool:
         overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     if grad_weights is not None:
@@ -333,7 +337,8 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
 def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: Any,
                           label_smoothing: Any, z_loss: Any, overwrite_input: Any,
                           label_layout: Any, grad_weights: GradWeights, bundle: BundleArg,
-                          label_out_of_range: Any, stacklevel: int = 4) -> torch.Tensor:
+                          label_out_of_range: Any, stacklevel: int = 4,
+                          logit_scale: Any = 1.0) -> torch.Tensor:
     """What torch.compile traces: the autograd Functions over the custom ops, nothing else.
 
     No Python-side checks or caches here (dynamo would have to trace them; it graph-breaks
@@ -345,7 +350,7 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     if bundle is not None and not isinstance(bundle, str):
         bundle = _validate.bundle(bundle)
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
-               label_out_of_range)
+               label_out_of_range, float(logit_scale))
     if not (torch.is_grad_enabled() and logits.requires_grad):
         loss, _, _ = _library.forward(logits, labels, *op_args)
         return loss
@@ -372,6 +377,7 @@ def cross_entropy(
     grad_weights: GradWeights = None,
     bundle: BundleArg = None,
     label_out_of_range: str = "error",
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
 
@@ -401,6 +407,11 @@ def cross_entropy(
             Megatron-Core's cross entropy computes for it, the row maximum ``m`` standing
             in for the target logit: ``loss = (1-s)(lse - m) + s(lse - mean x) + z lse^2``
             and gradient ``g (p (1 + 2 z lse) - s/V)``, no one-hot term (docs/megatron.md).
+        logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the
+            softmax (flash-attention's ``logit_scale``, an output multiplier): the loss,
+            lse, smoothing mean and z-loss are of z, and the gradient is of x
+            (``logit_scale`` times that of z). Finite and > 0; a kernel argument, so 1 costs
+            nothing.
 
     Returns:
         The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron).
@@ -419,7 +430,8 @@ def cross_entropy(
     if compiling:
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
-                                     label_out_of_range, stacklevel=3)
+                                     label_out_of_range, stacklevel=3,
+                                     logit_scale=logit_scale)
     return _eager_cross_entropy(logits, labels, python_refs, 0, ignore_index, label_smoothing,
                                 z_loss, overwrite_input, label_layout, grad_weights, bundle,
-                                label_out_of_range, 3)
+                                label_out_of_range, 3, logit_scale)

@@ -6,9 +6,11 @@ V_local)`` of a vocabulary of ``world * V_local`` ids (Megatron-Core's partition
 every rank holds the same labels, global ids. One forward:
 
 1. the ``shard_stats`` kernel reads the local slice once and writes four fp32 numbers per
-   token: the slice's maximum ``m_r``, ``rest_r = sum_j exp(x_j - m_r) - 1`` (the maximum's
-   own 1 implicit), the target logit if the label lies in the slice (else 0) and the
-   slice's sum of logits (label smoothing only);
+   token: the slice's maximum ``m_r``, ``rest_r = sum_j exp(s (x_j - m_r)) - 1`` (the
+   maximum's own 1 implicit; ``s`` the logit scale, 1 without one), the target logit if
+   the label lies in the slice (else 0) and the slice's sum of logits (label smoothing
+   only). The maximum, target and sum are of the unscaled logits x, exact: the combine
+   scales them (its ``target - max`` subtracts before it multiplies by ``s``);
 2. each rank writes them into its own slot of a zeroed ``[world, *tokens, 4]`` buffer and
    one ``all_reduce`` (SUM) hands every rank all slots: adding zeros is exact, so it is an
    all-gather that every backend (gloo, NCCL) runs with one collective;
@@ -61,7 +63,8 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
                         ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                         vocab_local: int, vocab: int, global_smoothing: bool,
                         rank: int, label_out_of_range: str = "error",
-                        with_low: bool = False) -> Tuple[torch.Tensor, ...]:
+                        with_low: bool = False,
+                        logit_scale: float = 1.0) -> Tuple[torch.Tensor, ...]:
     """Per-token (loss, lse) from every rank's shard statistics; fp32, the labels' shape.
     With ``with_low``, (loss, lse, lse_low): ``lse + lse_low`` is ``M + log1p(rest)`` to
     twice f32's precision (the sharded backward's ``lse_low``, whose gradient's error then
@@ -85,6 +88,9 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
             ``"megatron"``: its target is the global maximum ``M`` (Megatron-Core's
             ``predicted_logits = 0`` in max-shifted coordinates), so its loss is
             ``log1p(rest) = lse - M`` before smoothing and z-loss.
+        logit_scale: the ``s`` the statistics were computed with (``z = s x``): their
+            ``rest`` is of z, their max, target and sum of x (the kernel's, unscaled); the
+            loss and lse are of z.
 
     The merge keeps the single-device kernel's exact implicit one: with ``M = max_r m_r``,
     ``e_r = exp(m_r - M)`` and ``r*`` the rank holding ``M``,
@@ -92,11 +98,16 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     the 1 of ``r*`` is never added, so ``rest`` keeps its digits when ``p_y`` is near 1.
     ``lse = M + log1p(rest)``, ``loss = log1p(rest) - (x_y - M)``. Elementwise tensor
     operations only: no host synchronization; NaN (a bad label's target) propagates.
+    With a logit scale ``s`` every difference of x is multiplied by ``s`` after the
+    subtraction: ``e_r = exp(s (m_r - M))``, ``lse = s M + log1p(rest)`` (the product's own
+    rounding in ``lse_low``), ``loss = log1p(rest) - s (x_y - M)``, the smoothing mean
+    ``s mean``.
     """
     label_out_of_range = _validate.label_out_of_range(label_out_of_range)
     ignore_index = _validate.ignore_index(ignore_index)
     label_smoothing = _validate.label_smoothing(label_smoothing)
     z_loss = _validate.z_loss(z_loss)
+    logit_scale = _validate.logit_scale(logit_scale)
     vocab = _validate.integer("vocab", vocab, 1)
     vocab_local = _validate.integer("vocab_local", vocab_local, 1, vocab)
     global_smoothing = _validate.flag("global_smoothing", global_smoothing)
@@ -121,11 +132,17 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     # The kernels floor a slice's maximum at -FLT_MAX; the floor here keeps an all -inf
     # token of other producers from computing -inf - -inf.
     shift = top.clamp(min=_F32_LOWEST)
-    scale = torch.exp(slice_max - shift)  # exactly 1 in the slot r* holding the maximum
+    shifted = slice_max - shift
+    if logit_scale != 1.0:
+        shifted = shifted * logit_scale  # after the subtraction: exact near the maximum
+    scale = torch.exp(shifted)  # exactly 1 in the slot r* holding the maximum
     below_top = scale.scatter(0, top_rank.unsqueeze(0), 0.0)  # the other slots' implicit 1s
     rest = torch.addcmul(below_top, slice_rest, scale).sum(dim=0)
     log1p_rest = torch.log1p(rest)
-    lse = top + log1p_rest
+    # s M rounded once; its rounding error (exact: a product of two float32s is exact in
+    # float64) joins lse_low.
+    scaled_top = top * logit_scale if logit_scale != 1.0 else top
+    lse = scaled_top + log1p_rest
     target = slice_target.sum(dim=0)  # one slot holds x_y, the others 0 (or all NaN)
     if label_out_of_range == "megatron":
         # Every slot wrote 0 for a label in no slice; Megatron-Core's target is the maximum.
@@ -133,7 +150,11 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         if ignore_index is not None:
             outside = outside & (labels != ignore_index)
         target = torch.where(outside, top, target)
-    loss = log1p_rest - (target - top)  # -log p_y; x_y - M first: exact near the maximum
+    # -log p_y; x_y - M first: exact near the maximum, then scaled.
+    target_shift = target - top
+    if logit_scale != 1.0:
+        target_shift = target_shift * logit_scale
+    loss = log1p_rest - target_shift
 
     if label_smoothing != 0.0:
         if global_smoothing:
@@ -143,6 +164,8 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         s = _smoothing_factor(label_smoothing, smoothing_vocab)
         if s != 0.0:
             mean = slice_total / smoothing_vocab
+            if logit_scale != 1.0:
+                mean = mean * logit_scale
             loss = (1.0 - s) * loss + s * (lse - mean)
     if z_loss != 0.0:
         loss = loss + z_loss * lse * lse
@@ -150,7 +173,12 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         loss = loss.masked_fill(labels == ignore_index, 0.0)
     if not with_low:
         return loss, lse
-    return loss, lse, _sum_low(top, log1p_rest, lse)
+    low = _sum_low(scaled_top, log1p_rest, lse)
+    if logit_scale != 1.0:
+        # The product's error, exact: s M is exact in float64, its float32 rounding too.
+        product_error = (top.double() * logit_scale - scaled_top.double()).float()
+        low = torch.where(torch.isfinite(lse), low + product_error, low)
+    return loss, lse, low
 
 
 def _sum_low(a: torch.Tensor, b: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -212,6 +240,7 @@ def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any,
         vocab_local=vocab_local, vocab=shard.vocab,
         global_smoothing=shard.global_smoothing, rank=rank,
         label_out_of_range=options.label_out_of_range, with_low=True,
+        logit_scale=options.logit_scale,
     )
 
 
@@ -267,12 +296,13 @@ def vocab_parallel_cross_entropy_vouched(
     label_layout: str = "bs",
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """:func:`vocab_parallel_cross_entropy` for integrations that measured the logits'
     references themselves (see :func:`cegen.ops.cross_entropy_vouched`)."""
     options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
                             z_loss=z_loss, label_layout=label_layout,
-                            label_out_of_range=label_out_of_range)
+                            label_out_of_range=label_out_of_range, logit_scale=logit_scale)
     overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     global_smoothing = _validate.flag("global_smoothing", global_smoothing)
     _kernels.check_inputs(logits, labels, options)  # before any collective: every rank alike
@@ -302,6 +332,7 @@ def vocab_parallel_cross_entropy(
     label_layout: str = "bs",
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
+    logit_scale: float = 1.0,
 ) -> torch.Tensor:
     """Per-token softmax cross entropy (fp32) of vocabulary-sharded logits.
 
@@ -332,6 +363,8 @@ def vocab_parallel_cross_entropy(
             Megatron-Core's vocab-parallel loss ``(1-s)(lse - max) + s(lse - mean) +
             z lse^2`` (max over the whole vocabulary) and the gradient slice
             ``g (p (1 + 2 z lse) - s/V_s)``, on every rank alike.
+        logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the
+            softmax, as in :func:`cegen.cross_entropy` (finite, > 0).
 
     Returns:
         This rank's per-token loss, float32, in the labels' shape.
@@ -346,4 +379,5 @@ def vocab_parallel_cross_entropy(
         ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
         global_smoothing=global_smoothing, label_layout=label_layout,
         overwrite_input=overwrite_input, label_out_of_range=label_out_of_range,
+        logit_scale=logit_scale,
     )

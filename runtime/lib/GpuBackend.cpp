@@ -187,6 +187,9 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
     case ArgRole::ShardVocab:
       params.addInteger(values.shardVocab);
       continue;
+    case ArgRole::LogitScale:
+      params.addFloat(values.logitScale);
+      continue;
     default:
       break;
     }

@@ -128,6 +128,10 @@ Status checkOptions(const ce_options &options) {
   if (!std::isfinite(zLoss) || zLoss < 0.0f)
     return invalid("options->z_loss",
                    "must be finite and >= 0, got " + formatF32(zLoss));
+  float logitScale = options.logit_scale;
+  if (!std::isfinite(logitScale) || !(logitScale > 0.0f))
+    return invalid("options->logit_scale",
+                   "must be finite and > 0, got " + formatF32(logitScale));
   if (options.shard_vocab < 0)
     return invalid("options->shard_vocab",
                    "must be 0 (no shard) or the global vocabulary size, got " +

@@ -92,6 +92,7 @@ struct LaunchPlan {
       values.flags |= kFlagLseLow;
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
+    values.logitScale = options.logit_scale;
     // Backward and shard_stats kernels take a slice; unsharded, [0, V) of V.
     if (options.shard_vocab > 0) {
       values.shardStart = options.shard_start;

@@ -104,6 +104,31 @@ func.func @different_flags(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?x
 
 // -----
 
+// Not fused: the backward's logit scale is not the forward's (absent is 1,
+// another value).
+
+func.func @different_logit_scale(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %s: f32) {
+  ce.forward %x, %y into %loss, %lse logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: forward and backward take different logit scales}}
+  ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+// Fused with the logit scale both ops take: the fused op carries it.
+
+// CHECK-LABEL: func @same_logit_scale
+// CHECK-SAME: %[[S:[^:]*]]: f32
+// CHECK: ce.fused {{.*}} logit_scale(%[[S]]) layout = flat
+func.func @same_logit_scale(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %dx: memref<?x?xf32>, %s: f32) {
+  ce.forward %x, %y into %loss, %lse logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  ce.backward %x, %y, %lse, %g into %dx logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
 // Fused with the flags both ops take.
 
 // CHECK-LABEL: func @same_flags

@@ -193,7 +193,7 @@ class Instrumented:
                             f"{p.key.text} {case}")
         self.original_values(report, p, what, kernel, ref, exact_zero, case)
 
-    def check_grad(self, report, p, kernel_rows, ref, term, case):
+    def check_grad(self, report, p, kernel_rows, ref, term, case, flush=None, rows=None):
         torch = self.torch
         if ref.numel() and self.recording:
             k = kernel_rows.to(torch.float64).cpu()
@@ -202,8 +202,9 @@ class Instrumented:
                 # f32 subnormal and that the emulator returned as 0 are counted apart (the
                 # hardware keeps the subnormal, the emulator flushes it), then compared as
                 # the kernel's 0.
-                lse = self.h200.reference_stats(p.x).lse
-                prob = torch.exp(p.x - lse[:, None])
+                z = p.x * p.key.logit_scale  # the logits the kernel sees (issue 17)
+                lse = self.h200.reference_stats(z).lse
+                prob = torch.exp(z - lse[:, None])
                 tiny = ((prob < F32_MIN_NORMAL) & (prob > 0)) | (ref.abs() < F32_MIN_NORMAL)
                 # Only those that would fail: an f16 output rounds such values to 0 anyway.
                 outside = (k - ref).abs() > self.h200.grad_tolerance(p.key.logits, ref, term)
@@ -212,13 +213,17 @@ class Instrumented:
                 ref = torch.where(sub, k, ref)
                 term = torch.where(sub, torch.zeros_like(term), term)
             tolerance = self.h200.grad_tolerance(p.key.logits, ref, term)
-            error = (k - ref).abs()
+            if flush is not None:
+                tolerance = tolerance + flush[:, None]
+            error = torch.where(k == ref, torch.zeros_like(k), (k - ref).abs())
+            if rows is not None:
+                error = torch.where(rows[:, None], error, torch.zeros_like(error))
             ratio = torch.where(error == 0, torch.zeros_like(error), error / tolerance)
             ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
             at = int(ratio.argmax())
             self.worst.note(f"{self.chip} grad (err / tolerance), {p.key.logits}",
                             float(ratio.flatten()[at]), f"{p.key.text} {case}")
-        self.original_grad(report, p, kernel_rows, ref, term, case)
+        self.original_grad(report, p, kernel_rows, ref, term, case, flush=flush, rows=rows)
 
 
 # -- the harness: test_h200's, on emulated HIP devices ------------------------------------------

@@ -262,36 +262,37 @@ class TestFakeImplementations(unittest.TestCase):
     def test_shapes_and_dtypes(self) -> None:
         logits = torch.empty((5, 3, 11), dtype=torch.bfloat16, device="meta")
         labels = torch.empty((3, 5), dtype=torch.int64, device="meta")
-        loss, lse, low = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error")
+        loss, lse, low = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error",
+                                               1.0)
         self.assertEqual((tuple(loss.shape), loss.dtype, loss.device.type), ((3, 5), torch.float32, "meta"))
         self.assertEqual(tuple(lse.shape), (3, 5))
         self.assertEqual((tuple(low.shape), low.dtype), ((3, 5), torch.float32))
         grad = _library.backward_fake(logits, labels, lse, low, loss, None, 0.0, 0.0, "bs", None,
-                                      "megatron")
+                                      "megatron", 2.0)
         self.assertEqual((tuple(grad.shape), grad.dtype), ((5, 3, 11), torch.bfloat16))
         loss, lse, grad = _library.fused_fake(logits, labels, torch.empty((), device="meta"), None, 0.0,
-                                              0.0, "sb", None, "megatron")
+                                              0.0, "sb", None, "megatron", 0.5)
         self.assertEqual(tuple(loss.shape), (5, 3))
         self.assertEqual(tuple(grad.shape), (5, 3, 11))
         self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, low, loss, None, 0.0,
-                                                           0.0, "bs", None, "error"))
+                                                           0.0, "bs", None, "error", 1.0))
         flat = torch.empty((7, 11), dtype=torch.float16, device="meta")
         loss, _ = _library.fused_overwrite_fake(flat, torch.empty((7,), dtype=torch.int32, device="meta"),
                                                 torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None,
-                                                "megatron")
+                                                "megatron", 1.0)
         self.assertEqual(tuple(loss.shape), (7,))
 
-    def test_every_op_takes_the_label_policy(self) -> None:
+    def test_every_op_takes_the_label_policy_and_logit_scale(self) -> None:
         import inspect
 
         for name, impl, fake, _ in _library._SPECS:
             for function in (impl, fake):
                 with self.subTest(op=name, function=function.__name__):
                     parameters = list(inspect.signature(function).parameters)
-                    self.assertEqual(parameters[-1], "label_out_of_range")
+                    self.assertEqual(parameters[-2:], ["label_out_of_range", "logit_scale"])
             if cegen.HAS_CUSTOM_OP:
                 schema = str(getattr(torch.ops.cegen, name).default._schema)
-                self.assertIn("str label_out_of_range", schema)
+                self.assertIn("str label_out_of_range, float logit_scale", schema)
 
     def test_mutation_is_declared(self) -> None:
         mutated = {name: mutates for name, _, _, mutates in _library._SPECS}
@@ -316,6 +317,10 @@ class TestLabelPolicyThreading(unittest.TestCase):
         self.assertEqual(threaded.label_policy, cegen._runtime.LabelPolicy.MEGATRON)
         self.assertEqual((threaded.has_ignore_index, threaded.ignore_index), (1, -100))
         self.assertEqual((threaded.shard_start, threaded.shard_vocab), (4, 8))
+        # The logit scale (issue 17) reaches ce_options.logit_scale; 1 by default.
+        self.assertEqual(strict.logit_scale, 1.0)
+        scaled = _kernels._runtime_options(_kernels.KernelOptions(logit_scale=0.5), False)
+        self.assertEqual(scaled.logit_scale, 0.5)
 
     def test_not_part_of_the_variant_key(self) -> None:
         logits, labels = S.random_logits((3, 8)), S.random_labels((3,), 8)

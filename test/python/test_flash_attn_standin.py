@@ -5,7 +5,8 @@ Checked against float64 computed with PyTorch's own smoothing (flash-attention's
 not cegen's Megatron formula): the loss with each reduction and the gradient, fp32 and bf16,
 smoothing, z-loss, ignored tokens, a non-default ignore_index, inplace_backward (refused by
 cegen for a leaf: same numbers, a warning); a process group of one (the vocab-parallel
-entry); NotExpressibleError with its reasons, in order, for what cegen cannot do yet, and a
+entry); logit_scale through cegen's own (issue 17); NotExpressibleError with its reasons,
+in order, for what cegen cannot do yet (and needs logit_scale for an entry without it), and a
 precomputed lse ignored where flash-attention ignores it; and the path the stand-in takes
 once cegen.cross_entropy takes ``logit_scale`` and ``return_lse`` (issue 17), through a
 float64 stand-in of that signature.
@@ -71,8 +72,9 @@ class StandinAgainstFloat64Test(unittest.TestCase):
         out = module(leaf, y)
         out.backward(g)
         expected, _, x64 = _flash_attn_reference(
-            x, y, smoothing=module.label_smoothing, lse_square_scale=module.lse_square_scale,
-            ignore_index=module.ignore_index, reduction=module.reduction)
+            x, y, smoothing=module.label_smoothing, scale=module.logit_scale,
+            lse_square_scale=module.lse_square_scale, ignore_index=module.ignore_index,
+            reduction=module.reduction)
         expected.backward(g.to(torch.float64))
         self.assertEqual(out.dtype, torch.float32)
         self.assertEqual(out.shape, expected.shape)
@@ -86,6 +88,9 @@ class StandinAgainstFloat64Test(unittest.TestCase):
             (torch.bfloat16, dict(label_smoothing=0.1, lse_square_scale=1e-2)),
             (torch.float32, dict(lse_square_scale=1e-2, reduction="none", ignore_index=3)),
             (torch.bfloat16, dict(label_smoothing=0.9, lse_square_scale=1e-2, reduction="none")),
+            # cegen's logit_scale (issue 17), passed through by the stand-in.
+            (torch.float32, dict(logit_scale=0.7, label_smoothing=0.2)),
+            (torch.bfloat16, dict(logit_scale=2.0, lse_square_scale=1e-2, reduction="none")),
         ]
         for index, (dtype, options) in enumerate(cases):
             with self.subTest(dtype=dtype, **options):
@@ -137,13 +142,12 @@ class NotExpressibleTest(unittest.TestCase):
         x, y = _inputs(8, torch.float32, offset=200)
         lse = torch.logsumexp(x, -1)
         cases = [
-            (dict(logit_scale=0.7), None, [standin.NEEDS_LOGIT_SCALE]),
             (dict(return_z_loss=True), None, [standin.NEEDS_Z_LOSS_RETURNED]),
             (dict(), lse, [standin.NEEDS_PRECOMPUTED_LSE]),
             (dict(return_z_loss=True, lse_square_scale=1e-2), lse,
              [standin.NEEDS_Z_LOSS_RETURNED, standin.NEEDS_PRECOMPUTED_LSE]),
-            (dict(logit_scale=0.7, return_z_loss=True), lse,
-             [standin.NEEDS_LOGIT_SCALE, standin.NEEDS_Z_LOSS_RETURNED]),
+            # cegen takes logit_scale (issue 17): no reason of its own any more.
+            (dict(logit_scale=0.7, return_z_loss=True), lse, [standin.NEEDS_Z_LOSS_RETURNED]),
         ]
         for options, precomputed, reasons in cases:
             with self.subTest(options=options, precomputed=precomputed is not None):
@@ -152,6 +156,22 @@ class NotExpressibleTest(unittest.TestCase):
                 with self.assertRaises(NotExpressibleError) as raised:
                     module(x.clone().requires_grad_(True), y, precomputed_lse=precomputed)
                 self.assertEqual(list(raised.exception.reasons), reasons)
+
+    def test_an_entry_without_logit_scale(self) -> None:
+        # The reason is still given, first, for an entry point that lacks the keyword.
+        def without_scale(logits: torch.Tensor, labels: torch.Tensor, *,
+                          ignore_index: Optional[int] = None, label_smoothing: float = 0.0,
+                          z_loss: float = 0.0, overwrite_input: bool = False) -> torch.Tensor:
+            raise AssertionError("never called")
+
+        original = cegen.cross_entropy
+        cegen.cross_entropy = without_scale
+        try:
+            module = CrossEntropyLoss(logit_scale=0.7, return_z_loss=True)
+            self.assertEqual(module.missing(),
+                             [standin.NEEDS_LOGIT_SCALE, standin.NEEDS_Z_LOSS_RETURNED])
+        finally:
+            cegen.cross_entropy = original
 
     def test_what_flash_attention_rejects(self) -> None:
         with self.assertRaises(NotImplementedError):
@@ -268,13 +288,14 @@ class RunnerTest(unittest.TestCase):
                 if saved_pytest is None:
                     sys.modules.pop("pytest", None)
         text = printed.getvalue()
-        # 8 cases: 2 skipped (smoothing 0.2, bf16); logit_scale 0.5 not expressible (3 run);
-        # smoothing 0.0 at scale 1 passes (2), smoothing 0.2 at scale 1 fails (1).
+        # 8 cases: 2 skipped (smoothing 0.2, bf16); cegen takes logit_scale (issue 17), so
+        # every other case runs: smoothing 0.0 passes at both scales (4), smoothing 0.2
+        # fails at both (2).
         for row in ("| cases in the grid | 8 |", "| skipped by the test file itself | 2 |",
-                    "| passed | 2 |", "| failed | 1 |", "| error | 0 |",
-                    "| not expressible | 3 |",
-                    "| not expressible, first reason: needs logit_scale | 3 |"):
+                    "| passed | 4 |", "| failed | 2 |", "| error | 0 |",
+                    "| not expressible | 0 |"):
             self.assertIn(row, text)
+        self.assertNotIn("first reason: needs logit_scale", text)
         self.assertIn("a failure the runner counts", text)
         self.assertEqual(status, 1)
 

@@ -252,8 +252,8 @@ TEST(Launch, LseLowIsCheckedLikeTheLse) {
 /// The value arguments the fake kernels of `bundle` received last.
 KernelValues receivedValues(const FakeBundle &bundle) {
   const FakeRecord &r = bundle.record();
-  return {r.flags, r.ignoreIndex, r.labelSmoothing,
-          r.zLoss, r.shardStart,  r.shardVocab};
+  return {r.flags,      r.ignoreIndex, r.labelSmoothing, r.zLoss,
+          r.shardStart, r.shardVocab,  r.logitScale};
 }
 
 void expectValues(const KernelValues &got, const KernelValues &want) {
@@ -263,6 +263,7 @@ void expectValues(const KernelValues &got, const KernelValues &want) {
   EXPECT_EQ(got.zLoss, want.zLoss);
   EXPECT_EQ(got.shardStart, want.shardStart);
   EXPECT_EQ(got.shardVocab, want.shardVocab);
+  EXPECT_EQ(got.logitScale, want.logitScale);
 }
 
 TEST(Launch, OptionValuesArePassedByValue) {
@@ -275,6 +276,7 @@ TEST(Launch, OptionValuesArePassedByValue) {
   options.ignore_index = -7;
   options.label_smoothing = 0.125f;
   options.z_loss = 3.0e-4f;
+  options.logit_scale = 2.75f;
   options.label_policy = CE_LABEL_POLICY_MEGATRON;
   ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
                        &p.tLse, nullptr),
@@ -283,7 +285,8 @@ TEST(Launch, OptionValuesArePassedByValue) {
   EXPECT_EQ(bundle.record().numArgs, 6); // the descriptors
   // Unsharded, every kernel is passed the slice [0, V) of V.
   expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
-                                        -7, 0.125f, 3.0e-4f, 0, p.v});
+                                        -7, 0.125f, 3.0e-4f, 0, p.v, 2.75f});
+  options.logit_scale = 1.0f;
   EXPECT_EQ(p.lse[0], 2.5f + p.target(0)); // the descriptors still line up
 
   // Each flag on its own; without an ignore_index its bit is off (its
@@ -304,7 +307,8 @@ TEST(Launch, OptionValuesArePassedByValue) {
   EXPECT_EQ(bundle.record().flags, int64_t{kFlagMegatronLabels});
   EXPECT_EQ(bundle.record().labelSmoothing, 0.125f);
   EXPECT_EQ(bundle.record().zLoss, 3.0e-4f);
-  // The defaults: every value 0 but the slice, [0, V) of V.
+  // The defaults: every value 0 but the slice, [0, V) of V, and the logit
+  // scale 1 (KernelValues' default).
   ASSERT_EQ(ce_forward(bundle.get(), nullptr, &p.tLogits, &p.tLabels, &p.tLoss,
                        &p.tLse, nullptr),
             CE_OK)

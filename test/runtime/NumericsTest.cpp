@@ -25,6 +25,10 @@
 //              can and must form without cancellation.
 //   lse_low:   |lse + lse_low - ref| <= 1e-5 max(1, ref - max): the pair
 //              carries the log of the sum to f32's precision at any |max|
+// Every case draws a logit scale s (ce_options.logit_scale: 1 half of the
+// time, else log-uniform in [0.05, 20]); the references are float64 of
+// z = s x, formed from the f32 s and the logits (exact in double), and the
+// gradient's is s times that of z.
 // The backward reference uses the lse the forward kernel returned (the
 // backward takes lse as an input); fused gradients, and backward gradients
 // given lse's low part (ce_options.lse_low, every other case), are compared
@@ -170,6 +174,10 @@ struct Problem {
   bool views = false;
 
   std::vector<double> x;       ///< Logits values, [token][j].
+  double logitScale = 1.0;     ///< s, the f32 the kernel is given.
+  /// z = s x in float64 (exact: a product of two f32s), [token][j]: what
+  /// the references see.
+  std::vector<double> z;
   std::vector<int64_t> labels; ///< Per token.
   std::vector<double> scale;   ///< grad_loss (backward) or weight (fused).
 
@@ -246,12 +254,14 @@ struct CaseOptions {
   std::optional<int64_t> ignoreIndex;
   float labelSmoothing = 0.0f;
   float zLoss = 0.0f;
+  float logitScale = 1.0f;
 
   std::string str() const {
     return "ignore_index=" +
            (ignoreIndex ? std::to_string(*ignoreIndex) : std::string("none")) +
            " label_smoothing=" + formatF32(labelSmoothing) +
-           " z_loss=" + formatF32(zLoss);
+           " z_loss=" + formatF32(zLoss) +
+           " logit_scale=" + formatF32(logitScale);
   }
 };
 
@@ -276,6 +286,11 @@ CaseOptions drawOptions(const KernelVariantKey &key, const CaseSpec &spec,
     options.labelSmoothing = static_cast<float>(0.01 + 0.29 * uniform(rng));
   if (key.zLoss && uniform(rng) >= 0.1)
     options.zLoss = static_cast<float>(1e-5 * std::pow(100.0, uniform(rng)));
+  // The logit scale: every kernel takes one. 1 half of the time, else
+  // log-uniform in [0.05, 20].
+  if (uniform(rng) >= 0.5)
+    options.logitScale =
+        static_cast<float>(0.05 * std::pow(400.0, uniform(rng)));
   return options;
 }
 
@@ -286,6 +301,7 @@ ce_options optionsFor(const KernelVariantKey &key, const CaseOptions &values) {
   options.ignore_index = values.ignoreIndex.value_or(-100);
   options.label_smoothing = values.labelSmoothing;
   options.z_loss = values.zLoss;
+  options.logit_scale = values.logitScale;
   options.overwrite_input = key.overwrite;
   options.label_layout =
       key.layout == LabelLayout::SbvSb ? CE_LABELS_SB : CE_LABELS_BS;
@@ -300,6 +316,7 @@ void initProblem(Problem &problem, const KernelVariantKey &key,
   problem.reference.ignoreIndex = values.ignoreIndex;
   problem.reference.labelSmoothing = values.labelSmoothing;
   problem.reference.zLoss = values.zLoss;
+  problem.logitScale = values.logitScale;
   if (spec.megatronLabels) {
     problem.options.label_policy = CE_LABEL_POLICY_MEGATRON;
     problem.reference.megatronLabels = true;
@@ -370,8 +387,17 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
         row[label] = roundTo(type, others + std::log(1999.0));
       } else if (t == 3) {
         // A large common offset: exp without the max subtraction overflows.
+        // The label at the second largest value: the loss is then of order
+        // s (x_max - x_y), so its tolerance sees the rounding of s x_y - s m
+        // formed as two products (a kernel must take (x_y - m) s).
         for (int64_t j = 0; j < v; ++j)
           row[j] = roundTo(type, row[j] + 100.0);
+        int64_t top = std::max_element(row, row + v) - row;
+        int64_t second = top == 0 ? 1 : 0;
+        for (int64_t j = 0; j < v; ++j)
+          if (j != top && row[j] > row[second] && row[j] < row[top])
+            second = j;
+        p.labels[t] = second;
       } else if (t == 4) {
         // A maximum past 2^24 (the kernels sweep such a row again with exact
         // subtractions): nine values 2^20 apart (f16: 1024), so the maximum
@@ -430,6 +456,10 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < v; ++j)
       p.logits.set(p.logitsIndex(t, j), p.x[t * v + j]);
+  // What the references see: z = s x, exact in double.
+  p.z.resize(p.x.size());
+  for (size_t i = 0; i < p.x.size(); ++i)
+    p.z[i] = p.logitScale * p.x[i];
   p.labelTensor = makeTensor(p.key.labels, p.tokenShape(), p.tokenStrides(0));
   for (int64_t t = 0; t < n; ++t)
     p.labelTensor.setInt(t, p.labels[t]);
@@ -538,6 +568,14 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
                   const std::vector<double> &ref,
                   const std::vector<double> &termScale, double lseUsed) {
   ElemType type = p.key.logits;
+  // The kernels' f32 p_j flush to 0 below 2^-126 (exp2 without subnormals
+  // on the host and GPUs): |g s (1 + 2 z lse)| 2^-125 of absolute error.
+  // With a logit scale p_j that small are common (s = 20 spreads a normal
+  // row over hundreds in z); the double reference keeps them.
+  double flushFloor = std::fabs(p.scale[t] * p.logitScale) *
+                      std::fmax(1.0, std::fabs(1.0 + 2.0 * p.reference.zLoss *
+                                                         lseUsed)) *
+                      std::ldexp(1.0, -125);
   double rowMax = 0.0;
   for (double value : ref)
     rowMax = std::fmax(rowMax, std::fabs(value));
@@ -546,8 +584,11 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
   int64_t bad = 0;
   for (int64_t j = 0; j < p.vocab; ++j) {
     double kernel = get(j);
-    double tolerance = gradTolerance(type, ref[j], rowMax, termScale[j]);
-    double error = std::fabs(kernel - ref[j]);
+    double tolerance =
+        gradTolerance(type, ref[j], rowMax, termScale[j]) + flushFloor;
+    // An infinite gradient (a z-loss of logits near 1e30) must be the
+    // reference's exactly.
+    double error = kernel == ref[j] ? 0.0 : std::fabs(kernel - ref[j]);
     if (!(error <= tolerance)) {
       ++bad;
       double excess =
@@ -561,7 +602,7 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
   report.check(bad == 0, [&] {
     double kernel = get(worst);
     double tolerance =
-        gradTolerance(type, ref[worst], rowMax, termScale[worst]);
+        gradTolerance(type, ref[worst], rowMax, termScale[worst]) + flushFloor;
     return "grad of " + p.where(t) + " (label " + std::to_string(p.labels[t]) +
            ", lse " + formatDouble(lseUsed) + "): " + std::to_string(bad) +
            " of " + std::to_string(p.vocab) +
@@ -573,7 +614,8 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
            " + f32 floor " +
            formatDouble(4.0 * std::ldexp(termScale[worst], -24)) + ")" +
            (p.vocab <= 8 ? ", row " + formatRow(&p.x[t * p.vocab], p.vocab) +
-                               ", scale " + formatDouble(p.scale[t])
+                               ", scale " + formatDouble(p.scale[t]) +
+                               ", logit scale " + formatDouble(p.logitScale)
                          : std::string());
   });
 }
@@ -584,10 +626,11 @@ void checkGradRow(Report &report, const Problem &p, int64_t t,
 /// it computed the lse itself (fused) and `stats` are the exact statistics.
 void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
                const std::vector<double> &lseUsed,
-               const std::vector<RowStats> &stats, bool inputLse) {
+               const std::vector<RowStats> &stats, bool inputLse,
+               bool backwardWithLow) {
   std::vector<double> ref(p.vocab), termScale(p.vocab);
   for (int64_t t = 0; t < p.numTokens; ++t) {
-    const double *row = &p.x[t * p.vocab];
+    const double *row = &p.z[t * p.vocab];
     int64_t label = p.labels[t];
     double targetLogProb = 0.0;
     if (!isIgnored(label, p.reference) && label >= 0 && label < p.vocab)
@@ -596,9 +639,19 @@ void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
     // A fused kernel keeps the row maximum and the log of the sum apart:
     // its reference is exact at any magnitude, and only the log of the
     // sum's ulps are allowed (not |lse|'s).
-    referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb, p.scale[t],
-                  p.reference, ref.data(), termScale.data(),
-                  inputLse ? nullptr : &stats[t]);
+    // The gradient of x: s times that of z.
+    // A backward given lse_low with s != 1: the f32 low part holds s max's
+    // rounding and log(sum) together, to 2^-48 |lse| (docs/lowering.md).
+    double extraUlps = !inputLse && backwardWithLow && p.logitScale != 1.0
+                           ? std::ldexp(std::fabs(lseUsed[t]), -24)
+                           : 0.0;
+    // Past |lse| = 2^47 that error reaches 1 in every exponent: such a
+    // row's backward gradient is not checked (the fused kernel's is).
+    if (std::ldexp(extraUlps, -24) > 0.5)
+      continue;
+    referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb,
+                  p.scale[t] * p.logitScale, p.reference, ref.data(),
+                  termScale.data(), inputLse ? nullptr : &stats[t], extraUlps);
     checkGradRow(
         report, p, t, [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); },
         ref, termScale, lseUsed[t]);
@@ -668,7 +721,7 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
   std::vector<RowStats> stats(n);
   std::vector<double> refLse(n);
   for (int64_t t = 0; t < n; ++t) {
-    stats[t] = referenceStats(&p.x[t * v], v);
+    stats[t] = referenceStats(&p.z[t * v], v);
     refLse[t] = stats[t].lse;
   }
 
@@ -785,7 +838,7 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     checkPadding(report, "lse", lse);
     for (int64_t t = 0; t < n; ++t) {
       double refLoss =
-          referenceLoss(&p.x[t * v], v, p.labels[t], stats[t], p.reference);
+          referenceLoss(&p.z[t * v], v, p.labels[t], stats[t], p.reference);
       checkTokenValue(report, p, "loss", t, loss.get(t), refLoss,
                       isIgnored(p.labels[t], p.reference));
       checkTokenValue(report, p, "lse", t, lse.get(t), refLse[t], false);
@@ -802,7 +855,8 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     // Given lse's low part the backward's gradient is as exact as the
     // fused kernel's: the exact reference.
     checkGrad(report, p, written, lseUsed, stats,
-              key.op == KernelOp::Backward && !withLow);
+              key.op == KernelOp::Backward && !withLow,
+              key.op == KernelOp::Backward && withLow);
   }
 }
 
@@ -840,7 +894,7 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
     break;
   case KernelOp::Backward:
     for (int64_t t = 0; t < p.numTokens; ++t)
-      lse.set(t, referenceStats(&p.x[t * p.vocab], p.vocab).lse);
+      lse.set(t, referenceStats(&p.z[t * p.vocab], p.vocab).lse);
     status =
         ce_backward(bundle, &p.options, &p.logits.tensor, &p.labelTensor.tensor,
                     &lse.tensor, &p.gradLoss.tensor, gradArg, nullptr);
@@ -978,7 +1032,9 @@ int main(int argc, char **argv) {
              {std::pair{"ignore_index", values.ignoreIndex ? "set" : "none"},
               std::pair{"label_smoothing_value",
                         values.labelSmoothing != 0.0f ? "nonzero" : "0"},
-              std::pair{"z_loss_value", values.zLoss != 0.0f ? "nonzero" : "0"}})
+              std::pair{"z_loss_value", values.zLoss != 0.0f ? "nonzero" : "0"},
+              std::pair{"logit_scale",
+                        values.logitScale != 1.0f ? "drawn" : "1"}})
           coverage[field].insert(value);
         report.startCase(keyText, name);
         if (verbose)

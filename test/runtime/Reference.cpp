@@ -67,9 +67,11 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
                    double targetLogProb, double scale,
                    const ReferenceOptions &options, double *grad,
-                   double *termScale, const RowStats *exact) {
+                   double *termScale, const RowStats *exact,
+                   double extraExponentUlps) {
   double lseMagnitude =
-      exact ? std::fabs(std::log1p(exact->rest)) : std::fabs(lse);
+      (exact ? std::fabs(std::log1p(exact->rest)) : std::fabs(lse)) +
+      extraExponentUlps;
   if (isIgnored(label, options)) {
     for (int64_t j = 0; j < vocab; ++j) {
       grad[j] = 0.0;
@@ -90,7 +92,11 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
       if (termScale)
         termScale[j] =
             std::fabs(scale) *
-            (std::fabs(pMinusOne) * std::fabs(zScale) + std::fabs(zTerm) + s);
+            ((std::fabs(pMinusOne) +
+              (extraExponentUlps ? std::exp(targetLogProb) * extraExponentUlps
+                                 : 0.0)) *
+                 std::fabs(zScale) +
+             std::fabs(zTerm) + s);
       continue;
     }
     double exponent = exact ? (row[j] - exact->max) - std::log1p(exact->rest)

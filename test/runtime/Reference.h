@@ -85,11 +85,16 @@ double referenceLoss(const double *row, int64_t vocab, int64_t label,
 /// |lse|, so that the allowance does not grow with the logits' magnitude.
 /// Without it p_j is exp(x_j - lse) from the given (f32) lse, and |lse|'s
 /// ulps are allowed (backward).
+/// `extraExponentUlps`: more f32 ulps (of 1) of error allowed in every
+/// exponent: a backward given lse's low part with a logit scale s != 1 gets
+/// |lse| 2^-24 of them (an f32 lse_low holds the rounding of s max and the
+/// log of the sum together, to 2^-48 |lse|).
 void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
                    double targetLogProb, double scale,
                    const ReferenceOptions &options, double *grad,
                    double *termScale = nullptr,
-                   const RowStats *exact = nullptr);
+                   const RowStats *exact = nullptr,
+                   double extraExponentUlps = 0.0);
 
 } // namespace ce::test
 

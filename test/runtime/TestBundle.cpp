@@ -65,12 +65,14 @@ canonicalArgs(const KernelVariantKey &key) {
     args.push_back({role, 0, "f32"});
   for (const char *role : {"shard_start", "shard_vocab"})
     args.push_back({role, 0, "i64"});
+  args.push_back({"logit_scale", 0, "f32"});
   return args;
 }
 
 bool isValueArg(const std::string &role) {
   for (const char *value : {"flags", "ignore_index", "label_smoothing",
-                            "z_loss", "shard_start", "shard_vocab"})
+                            "z_loss", "shard_start", "shard_vocab",
+                            "logit_scale"})
     if (role == value)
       return true;
   return false;

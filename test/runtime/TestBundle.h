@@ -41,6 +41,7 @@ struct FakeRecord {
   float zLoss;
   int64_t shardStart;
   int64_t shardVocab;
+  float logitScale;
 };
 
 /// One kernel entry of a manifest.
@@ -52,9 +53,9 @@ struct KernelSpec {
   std::vector<std::tuple<std::string, int, std::string>> args;
 };
 
-/// The canonical args of `key` per docs/bundle-format.md (version 3): its
-/// tensors, then the six values by value (flags, ignore_index,
-/// label_smoothing, z_loss, shard_start, shard_vocab; rank 0).
+/// The canonical args of `key` per docs/bundle-format.md (version 4): its
+/// tensors, then the seven values by value (flags, ignore_index,
+/// label_smoothing, z_loss, shard_start, shard_vocab, logit_scale; rank 0).
 std::vector<std::tuple<std::string, int, std::string>>
 canonicalArgs(const KernelVariantKey &key);
 /// Whether `role` names one of the value arguments (passed by value).

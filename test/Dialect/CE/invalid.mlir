@@ -301,7 +301,7 @@ func.func @stats_z_loss_operand(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: mem
 
 func.func @smoothing_operand_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %a: i64) {
   // expected-error @+1 {{operand #4 must be 32-bit float, but got 'i64'}}
-  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
+  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
   return
 }
 
@@ -341,7 +341,7 @@ func.func @shard_bounds_twice(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memre
 
 func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i64) {
   // expected-error @+1 {{shard_bounds needs both start and vocab}}
-  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
   return
 }
 
@@ -349,7 +349,7 @@ func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref
 
 func.func @shard_bounds_type(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i32, %v: i64) {
   // expected-error @+1 {{operand #3 must be 64-bit signless integer, but got 'i32'}}
-  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
   return
 }
 
@@ -375,5 +375,50 @@ func.func @lse_low_is_lse(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf
 func.func @backward_lse_low_shape(%x: memref<4x2x7xf32>, %y: memref<2x4xi64>, %e: memref<2x4xf32>, %g: memref<2x4xf32>, %d: memref<4x2x7xf32>, %lo: memref<4x2xf32>) {
   // expected-error @+1 {{'lse_low' shape [4, 2] does not match the token shape [2, 4] of layout 'sbv_bs'}}
   ce.backward %x, %y, %e, %g into %d lse_low(%lo : memref<4x2xf32>) layout = sbv_bs : memref<4x2x7xf32>, memref<2x4xi64>, memref<2x4xf32>, memref<2x4xf32> into memref<4x2x7xf32>
+  return
+}
+
+// -----
+
+// A constant logit scale must be one the runtime accepts: finite and > 0.
+func.func @logit_scale_zero(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  %s = arith.constant 0.0 : f32
+  // expected-error @+1 {{logit_scale must be finite and positive, got 0}}
+  ce.forward %x, %y into %l, %e logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @logit_scale_negative(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %d: memref<?x?xf32>) {
+  %s = arith.constant -2.0 : f32
+  // expected-error @+1 {{logit_scale must be finite and positive, got -2}}
+  ce.backward %x, %y, %e, %g into %d logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @logit_scale_inf(%x: memref<?x64xf32>, %y: memref<?xi64>, %st: memref<?x4xf32>) {
+  %s = arith.constant 0x7F800000 : f32
+  // expected-error @+1 {{logit_scale must be finite and positive, got INF}}
+  ce.shard_stats %x, %y into %st logit_scale(%s) layout = flat {shard = #ce.shard<start = 0, vocab = 128>} : memref<?x64xf32>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
+// -----
+
+func.func @logit_scale_nan(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<f32>, %l: memref<?xf32>, %e: memref<?xf32>, %d: memref<?x?xf32>) {
+  %s = arith.constant 0x7FC00000 : f32
+  // expected-error @+1 {{logit_scale must be finite and positive, got nan}}
+  ce.fused %x, %y, %w into %l, %e, %d logit_scale(%s) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<f32> into memref<?xf32>, memref<?xf32>, memref<?x?xf32>
+  return
+}
+
+// -----
+
+func.func @logit_scale_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %s: f64) {
+  // expected-error @+1 {{operand #4 must be 32-bit float, but got 'f64'}}
+  "ce.forward"(%x, %y, %l, %e, %s) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, f64) -> ()
   return
 }

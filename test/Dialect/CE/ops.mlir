@@ -80,6 +80,21 @@ func.func @shard_runtime_bounds(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %ls
   return
 }
 
+// The logit scale, a run-time f32 on every op, printed after shard_bounds.
+// CHECK-LABEL: func @logit_scale
+// CHECK-SAME: %[[SC:[^:]*]]: f32, %[[S:[^:]*]]: i64, %[[V:[^:]*]]: i64
+func.func @logit_scale(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %low: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xbf16>, %stats: memref<?x4xf32>, %scale: f32, %start: i64, %vocab: i64) {
+  // CHECK: ce.forward {{.*}} lse_low(%{{.*}} : memref<?xf32>) logit_scale(%[[SC]]) layout = flat :
+  ce.forward %x, %y into %loss, %lse lse_low(%low : memref<?xf32>) logit_scale(%scale) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // CHECK: ce.backward {{.*}} into %{{.*}} lse_low(%{{.*}} : memref<?xf32>) shard_bounds(%[[S]], %[[V]]) logit_scale(%[[SC]]) layout = flat {shard = #ce.shard<>} :
+  ce.backward %x, %y, %lse, %g into %dx lse_low(%low : memref<?xf32>) shard_bounds(%start, %vocab) logit_scale(%scale) layout = flat {shard = #ce.shard<>} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  // CHECK: ce.fused {{.*}} logit_scale(%[[SC]]) layout = flat {overwrite_input} :
+  ce.fused %x, %y, %w into %loss, %lse, %x logit_scale(%scale) layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  // CHECK: ce.shard_stats {{.*}} shard_bounds(%[[S]], %[[V]]) logit_scale(%[[SC]]) layout = flat {shard = #ce.shard<>} :
+  ce.shard_stats %x, %y into %stats shard_bounds(%start, %vocab) logit_scale(%scale) layout = flat {shard = #ce.shard<>} : memref<?x?xbf16>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
 // CHECK-LABEL: func @backward_overwrite
 // CHECK-SAME: %[[X:.*]]: memref<?x?x?xbf16>
 func.func @backward_overwrite(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32, strided<[0, 0]>>) {

@@ -75,15 +75,17 @@ enum class ArgRole {
   LabelSmoothing, ///< f32 alpha of Megatron's formula (smoothing kernels)
   ZLoss,          ///< f32 z-loss coefficient (z-loss kernels)
   ShardStart,     ///< i64 first global id of the slice (backward, shard_stats)
-  ShardVocab      ///< i64 global vocabulary (backward, shard_stats)
+  ShardVocab,     ///< i64 global vocabulary (backward, shard_stats)
+  LogitScale      ///< f32 s: every logit x is z = s x before the softmax
 };
-inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::ShardVocab) + 1;
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::LogitScale) + 1;
 
 /// The value arguments every kernel takes after its tensors, in this order
 /// (a kernel ignores those its variant does not use).
 inline constexpr ArgRole kValueRoles[] = {
     ArgRole::Flags,  ArgRole::IgnoreIndex, ArgRole::LabelSmoothing,
-    ArgRole::ZLoss, ArgRole::ShardStart,  ArgRole::ShardVocab};
+    ArgRole::ZLoss, ArgRole::ShardStart,  ArgRole::ShardVocab,
+    ArgRole::LogitScale};
 
 /// Whether `role` is passed by value (one of kValueRoles).
 inline bool isValueRole(ArgRole role) {
@@ -98,6 +100,7 @@ struct KernelValues {
   float zLoss = 0.0f;
   int64_t shardStart = 0;
   int64_t shardVocab = 0;
+  float logitScale = 1.0f;
 };
 
 /// The manifest spelling of `role` ("grad_loss", ...).
@@ -135,6 +138,8 @@ inline const char *stringify(ArgRole role) {
     return "shard_start";
   case ArgRole::ShardVocab:
     return "shard_vocab";
+  case ArgRole::LogitScale:
+    return "logit_scale";
   }
   return "?";
 }
@@ -212,6 +217,7 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
     return {0, ElemType::I64};
   case ArgRole::LabelSmoothing:
   case ArgRole::ZLoss:
+  case ArgRole::LogitScale:
     return {0, ElemType::F32};
   }
   return {};

@@ -115,13 +115,20 @@ typedef struct ce_options {
    * magnitude (without it, |lse| 2^-24 in every exponent: 6e-4 relative at
    * logits near 1e6). Ignored by ce_shard_stats and ce_rescale. */
   const struct ce_tensor *lse_low;
+  /* Every logit x is taken as z = logit_scale * x before the softmax (1:
+   * none): loss, lse (and lse_low), the smoothing mean and the z-loss are
+   * of z, the gradient is with respect to x (logit_scale times that with
+   * respect to z). Finite and > 0. ce_shard_stats writes the slice's
+   * sum_j exp(z_j - z_max) - 1 and keeps its max, target and row sum of x
+   * (docs/tensor-parallel.md). Checked, not used, by ce_rescale. */
+  float logit_scale;
 } ce_options;
 
 typedef struct ce_bundle ce_bundle;
 
 /* Fills `options` with the defaults: no ignore_index, no smoothing, no
  * z-loss, no overwrite, [B,S] labels, no shard, CE_LABEL_POLICY_STRICT, no
- * lse_low. */
+ * lse_low, logit_scale 1. */
 void ce_options_init(ce_options *options);
 
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);
@@ -169,7 +176,8 @@ ce_status ce_rescale(ce_bundle *bundle, const ce_options *options,
 
 /* The partial statistics of a vocabulary slice (options->shard_vocab > 0,
  * options->z_loss 0): `stats` is f32 with the labels' shape followed by 4
- * (any strides): per token the slice's max m, sum_j exp(x_j - m) - 1, the
+ * (any strides): per token the slice's max m, sum_j exp(s (x_j - m)) - 1
+ * (s = options->logit_scale), the
  * target logit when the label falls in the slice (0 elsewhere or when
  * ignored, NaN for a label outside [0, shard_vocab)), and the slice's row
  * sum with label smoothing (else 0). */

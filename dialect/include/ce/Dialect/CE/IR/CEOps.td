@@ -30,7 +30,8 @@ defvar CE_StatusOperand = (ins
   Optional<F32>:$label_smoothing_value,
   Optional<F32>:$z_loss_value,
   Optional<I64>:$shard_start,
-  Optional<I64>:$shard_vocab);
+  Optional<I64>:$shard_vocab,
+  Optional<F32>:$logit_scale);
 
 /// lse's low part: written by ce.forward and ce.fused, read by ce.backward.
 defvar CE_LseLowFormat =
@@ -43,6 +44,7 @@ defvar CE_StatusFormat =
   "(`label_smoothing` `(` $label_smoothing_value^ `)`)? "
   "(`z_loss` `(` $z_loss_value^ `)`)? "
   "(`shard_bounds` `(` $shard_start^ `,` $shard_vocab `)`)? "
+  "(`logit_scale` `(` $logit_scale^ `)`)? "
   "`layout` `=` custom<Layout>($layout)";
 
 class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
@@ -75,6 +77,17 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     time gives the plain loss). A sharded op may take its slice at run time:
     `shard_bounds(%start, %vocab)` (i64s) with a `shard` attribute that
     holds no bounds (`#ce.shard<>` or `#ce.shard<global_smoothing = true>`).
+
+    Logit scale (optional `logit_scale(%s)`, an f32 read at run time; absent
+    means 1): every logit x is replaced by `z = s * x` before the softmax.
+    The loss, the log-sum-exp (and its low part), the smoothing mean and the
+    z-loss are all of z, and the gradient is with respect to x (`s` times
+    the gradient with respect to z). `s` must be finite and positive (a
+    constant operand is checked here; the runtime checks a run-time value).
+    Exponents are taken of `(x - max) * s` (the subtraction exact near the
+    maximum, then one relative rounding), never of `s x - s max`.
+    `ce.shard_stats` writes `[1]` of z, and `[0]`, `[2]`, `[3]` of x (see
+    there).
 
     Run-time flags (optional `flags`, an i64 read at run time, so one
     compiled kernel serves every value; absent means 0):
@@ -218,12 +231,17 @@ def CE_ShardStatsOp : CE_CrossEntropyOp<"shard_stats"> {
     token into `stats`, whose shape is the token shape followed by 4:
 
     - `[0]` `m`: the maximum over the slice;
-    - `[1]` `r`: `sum_j exp(x_j - m) - 1` over the slice (the maximum's own
-      term is implicit, as in the unsharded lowering);
+    - `[1]` `r`: `sum_j exp(s (x_j - m)) - 1` over the slice (the maximum's
+      own term is implicit, as in the unsharded lowering), `s` the logit
+      scale (1 without one): of z = s x, at the scale `s m`;
     - `[2]` the target logit `x[label - start]` when the label falls in the
       slice, 0 when it lies elsewhere in `[0, vocab)` or is `ignore_index`,
       NaN for a bad label;
     - `[3]` `sum_j x_j` over the slice with label smoothing, else 0.
+
+    With a logit scale `[0]`, `[2]` and `[3]` stay of x, unscaled and exact:
+    the combine multiplies them by `s` (its `target - max` then subtracts
+    before it scales, which `s x_y - s m` in f32 would not).
 
     The statistics of all ranks combine into the loss and log-sum-exp
     (docs/tensor-parallel.md), and `ce.backward` with the same `shard` writes
