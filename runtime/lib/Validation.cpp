@@ -434,6 +434,7 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     case ArgRole::ZLoss:
     case ArgRole::ShardStart:
     case ArgRole::ShardVocab:
+    case ArgRole::LogitScale:
       break;
     case ArgRole::Labels:
       if (Status status =
