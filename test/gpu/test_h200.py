@@ -872,9 +872,12 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
         ref, term = reference_grad(z, p.labels, lse_used, target, p.scale * key.logit_scale,
                                    key, case.megatron_labels, exact=stats if exact else None,
                                    extra_ulps=extra)
-        # f32 p_j below 2^-126 flush to 0 (ex2.approx.ftz): |g s (1 + 2 z lse)| 2^-125.
+        # f32 p_j below 2^-126 flush to 0 (ex2.approx.ftz): |g s (1 + 2 z lse)| 2^-125; and
+        # the gradient value itself, once below 2^-126, may be flushed by the FTZ multiplies
+        # (bf16 has f32's exponent range): 2^-126 more.
         flush = ((p.scale * key.logit_scale).abs()
-                 * (1.0 + 2.0 * key.z_loss * lse_used).abs().clamp(min=1.0) * 2.0 ** -125)
+                 * (1.0 + 2.0 * key.z_loss * lse_used).abs().clamp(min=1.0) * 2.0 ** -125
+                 + 2.0 ** -126)
         keep = torch.ones(n, dtype=torch.bool) if extra is None else extra * 2.0 ** -24 <= 0.5
         check_grad(report, p, p.logits_rows(written.view.cpu()), ref, term, name,
                    flush=flush, rows=keep)
