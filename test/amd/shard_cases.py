@@ -196,14 +196,20 @@ def check_stats(torch, harness, report, text, where, options, logits, label_t, x
     if smoothing:
         note_worst(f"shard_stats {parse_key(text)['logits']} row sum (err / tolerance)",
                    float((err_sum / tol_sum).max()), f"{text} {where}")
-    bad = (~ok).nonzero().tolist()
-    report.checks += ok.numel() - len(bad)
     names = ["max", "target", "sum exp - 1", "row sum"]
     order = [0, 2, 1, 3]
-    for t, field in bad[:20]:
-        report.check(False, text, where, lambda t=t, field=field: (
-            f"token {t} label {int(labels[t])} {names[field]}: got {got[t, order[field]]:.9g} "
-            f"ref {ref[t, order[field]]:.9g}"))
+    report_bad(report, text, where, ok, lambda t, field: (
+        f"token {t} label {int(labels[t])} {names[field]}: got {got[t, order[field]]:.9g} "
+        f"ref {ref[t, order[field]]:.9g}"))
+
+
+def report_bad(report, text, where, ok, describe) -> None:
+    """Counts the passing entries of the 2-D mask ``ok`` as checks and reports each failing
+    one (t, k) as a failed check, the first 20 described by ``describe(t, k)``."""
+    bad = (~ok).nonzero().tolist()
+    report.checks += ok.numel() - len(bad)
+    for t, k in bad[:20]:
+        report.check(False, text, where, lambda t=t, k=k: describe(t, k))
     for _ in bad[20:]:
         report.check(False, text, where, lambda: "(more)")
 
@@ -280,14 +286,9 @@ def check_backward(torch, h200, cegen, harness, report, text, where, options, lo
     ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
     note_worst(f"sharded grad {key['logits']} (err / tolerance)", float(ratio.max()),
                f"{text} {where}")
-    bad = (~ok).nonzero().tolist()
-    report.checks += ok.numel() - len(bad)
-    for t, j in bad[:20]:
-        report.check(False, text, where, lambda t=t, j=j: (
-            f"token {t} label {int(labels[t])} [{j}] (global {start + j}): got {got[t, j]:.9g} "
-            f"ref {ref[t, j]:.9g} (g {float(g[t]):.6g}, lse {float(lse[t]):.9g})"))
-    for _ in bad[20:]:
-        report.check(False, text, where, lambda: "(more)")
+    report_bad(report, text, where, ok, lambda t, j: (
+        f"token {t} label {int(labels[t])} [{j}] (global {start + j}): got {got[t, j]:.9g} "
+        f"ref {ref[t, j]:.9g} (g {float(g[t]):.6g}, lse {float(lse[t]):.9g})"))
 
 
 def check_bad_label(torch, harness, report, text, case, key, labels, bad_label, bad_token, full,
