@@ -150,6 +150,8 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   Value shardVocab = sharded ? values[5] : Value();
   // Every kernel reads the logit scale (1 costs nothing measurable).
   Value logitScale = values[6];
+  // Only a softcap kernel reads its cap (the tanh is a compile-time variant).
+  Value logitSoftcap = key.softcap ? values[7] : Value();
   IntegerAttr ignore;
   FloatAttr smoothing = b.getF32FloatAttr(0.0f);
   FloatAttr zLoss = b.getF32FloatAttr(0.0f);
@@ -161,13 +163,14 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
     ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
                       tensors[4], status,
                       flags, ignoreIndex, smoothingValue, zLossValue,
-                      shardStart, shardVocab, logitScale, layout, ignore,
+                      shardStart, shardVocab, logitScale, logitSoftcap,
+                      layout, ignore,
                       smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
     ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
                          ignoreIndex, smoothingValue, zLossValue, shardStart,
-                         shardVocab, logitScale, layout, ignore, smoothing,
+                         shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing,
                          zLoss, shard);
     break;
   case KernelOp::Backward:
@@ -176,7 +179,7 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                        key.overwrite ? logits : tensors[5], tensors[3], status,
                        flags,
                        ignoreIndex, smoothingValue, zLossValue, shardStart,
-                       shardVocab, logitScale, layout, ignore, smoothing,
+                       shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing,
                        zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
@@ -185,7 +188,7 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                     key.overwrite ? logits : tensors[6], tensors[5], status,
                     flags,
                     ignoreIndex, smoothingValue, zLossValue, shardStart,
-                    shardVocab, logitScale, layout, ignore, smoothing, zLoss,
+                    shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing, zLoss,
                     shard, overwrite);
     break;
   case KernelOp::Rescale:
@@ -259,8 +262,8 @@ public:
       return func.emitError("a kernel of \"")
              << key.str() << "\" takes " << expected.size()
              << " arguments (its tensors, then flags, ignore_index, "
-                "label_smoothing, z_loss, shard_start, shard_vocab and "
-                "logit_scale by value), this function " << roles.size();
+                "label_smoothing, z_loss, shard_start, shard_vocab, "
+                "logit_scale and logit_softcap by value), this function " << roles.size();
     std::vector<EmittedArg> args;
     for (auto [i, role] : llvm::enumerate(roles)) {
       if (role ? *role != expected[i] : !::ce::isValueRole(expected[i]))
@@ -332,6 +335,7 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
     key.layout = fromLayout(op.getLayout());
     key.smoothing = static_cast<bool>(op.getLabelSmoothingValue());
     key.zLoss = static_cast<bool>(op.getZLossValue());
+    key.softcap = static_cast<bool>(op.getLogitSoftcap());
     auto addIf = [&](ArgRole role, Value value) {
       return value ? roles.add(role, value) : success();
     };
@@ -345,7 +349,8 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(addIf(ArgRole::ZLoss, op.getZLossValue())) &&
         succeeded(addIf(ArgRole::ShardStart, op.getShardStart())) &&
         succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())) &&
-        succeeded(roles.add(ArgRole::LogitScale, op.getLogitScale())));
+        succeeded(roles.add(ArgRole::LogitScale, op.getLogitScale())) &&
+        succeeded(addIf(ArgRole::LogitSoftcap, op.getLogitSoftcap())));
   };
   // Forward, fused and backward kernels take lse's low part (version 4).
   auto addLseLow = [&](Operation *op, Value lseLow) -> LogicalResult {

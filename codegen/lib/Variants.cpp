@@ -24,7 +24,7 @@ bool VariantOptions::any() const {
     return true;
   for (const std::vector<std::string> *list :
        {&ops, &logits, &labels, &layouts, &smoothings, &zLosses, &overwrites,
-        &weights, &keys})
+        &weights, &softcaps, &keys})
     if (!list->empty())
       return true;
   return false;
@@ -119,8 +119,8 @@ std::string whyNotAKernel(const KernelVariantKey &key) {
     return key.isCanonical()
                ? ""
                : "op=rescale has labels=i64, label_smoothing=off, "
-                 "z_loss=off, overwrite=1, weights=token (it reads no "
-                 "labels and rescales in place)";
+                 "z_loss=off, overwrite=1, weights=token and no softcap (it "
+                 "reads no labels and rescales in place)";
   bool gradient = key.op == KernelOp::Backward || key.op == KernelOp::Fused;
   if (key.overwrite && !gradient)
     return "overwrite=1 needs op=backward or fused";
@@ -143,8 +143,8 @@ keysFromText(ArrayRef<std::string> texts, std::string &error) {
               "' is not a canonical variant key (docs/bundle-format.md, "
               "version 3: op=...,logits=...,labels=...,layout=...,"
               "label_smoothing=on|off,z_loss=on|off,overwrite=0|1,"
-              "weights=none|token, each value as ce-gen and the runtime "
-              "print it)";
+              "weights=none|token[,softcap=on], each value as ce-gen and the "
+              "runtime print it)";
       return failure();
     }
     if (std::string why = whyNotAKernel(*key); !why.empty()) {
@@ -182,7 +182,7 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
   std::vector<KernelOp> opList;
   std::vector<ElemType> logitsList, labelsList;
   std::vector<LabelLayout> layoutList;
-  std::vector<bool> smoothingList, zList, overwriteList;
+  std::vector<bool> smoothingList, zList, overwriteList, softcapList;
   std::vector<WeightsKind> weightsList;
   if (failed(parseEach<KernelOp>(
           pickList(options.ops,
@@ -205,6 +205,9 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
       failed(parseEach<bool>(pickList(options.zLosses, {"off", "on"}), {"off"},
                              "z-loss", "off or on", parseOnOff, zList,
                              error)) ||
+      failed(parseEach<bool>(pickList(options.softcaps, {"off", "on"}),
+                             {"off"}, "softcap", "off or on", parseOnOff,
+                             softcapList, error)) ||
       failed(parseEach<bool>(pickList(options.overwrites, {"0", "1"}), {"0"},
                              "overwrite", "0 or 1", parseBool, overwriteList,
                              error)) ||
@@ -233,7 +236,8 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
           for (bool smoothing : smoothingList)
             for (bool z : zList)
               for (bool overwrite : overwriteList)
-                for (WeightsKind weights : weightsList) {
+                for (WeightsKind weights : weightsList)
+                  for (bool softcap : softcapList) {
                     KernelVariantKey key;
                     key.op = op;
                     key.logits = logits;
@@ -248,6 +252,10 @@ mlir::ce::expandVariants(const VariantOptions &options, std::string &error) {
                                     overwrite;
                     key.weights =
                         op == KernelOp::Fused ? weights : WeightsKind::None;
+                    key.softcap = softcap;
+                    // --all: softcap kernels without smoothing and z-loss.
+                    if (options.all && softcap && (smoothing || z))
+                      continue;
                     // A rescale varies only in dtype and layout.
                     if (op == KernelOp::Rescale)
                       key.canonicalRescale();

@@ -179,6 +179,15 @@ public:
         return op->emitOpError("logit_scale must be finite and positive, got ")
                << value;
     }
+    APFloat cap(0.0f);
+    if (Value logitSoftcap = op.getLogitSoftcap();
+        logitSoftcap && matchPattern(logitSoftcap, m_ConstantFloat(&cap))) {
+      float value = cap.convertToFloat();
+      if (!(value > 0.0f) || std::isinf(value))
+        return op->emitOpError(
+                   "logit_softcap must be finite and positive, got ")
+               << value;
+    }
     ShardAttr shard = op.getShardAttr();
     bool runtimeBounds = static_cast<bool>(op.getShardStart());
     if (runtimeBounds != static_cast<bool>(op.getShardVocab()))

@@ -74,6 +74,8 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
     return "forward and backward take different run-time flags";
   if (fwd.getLogitScale() != bwd.getLogitScale())
     return "forward and backward take different logit scales";
+  if (fwd.getLogitSoftcap() != bwd.getLogitSoftcap())
+    return "forward and backward take different logit softcaps";
   if (fwd->getBlock() != bwd->getBlock())
     return "forward and backward are in different blocks";
   Value gradLoss = bwd.getGradLoss();
@@ -142,7 +144,7 @@ struct CEFuseForwardBackwardPass
                       bwd.getGrad(), fwd.getLseLow(), status, fwd.getFlags(),
                       fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
                       fwd.getZLossValue(), fwd.getShardStart(),
-                      fwd.getShardVocab(), fwd.getLogitScale(),
+                      fwd.getShardVocab(), fwd.getLogitScale(), fwd.getLogitSoftcap(),
                       fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
                       fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(),
                       fwd.getShardAttr(), bwd.getOverwriteInputAttr());

@@ -110,6 +110,23 @@ public:
   /// The logit scale, or null for 1.
   Value getLogitScale() const { return logitScale; }
 
+  /// Every loaded logit is then z = cap tanh(s x / cap) (f32 values that
+  /// dominate the sweeps; `scale` null: s = 1): the statistics sweeps run on
+  /// z, the gradient sweep takes exp of z and multiplies by dz/dx. Used
+  /// instead of setLogitScale (the scale is inside z).
+  void setLogitSoftcap(Value cap, Value scale);
+  /// The softcap, or null.
+  Value getLogitSoftcap() const { return softcap; }
+  /// z of `x` (scalar or vector): cap tanh(x fl(s / cap)), `x` itself
+  /// without a softcap.
+  Value softcapLogits(Value x);
+  /// z and dz/dx = s (1 - t^2) of `x`, from the same t (needs a softcap).
+  std::pair<Value, Value> softcapWithSlope(Value x);
+  /// dz/dx of `x` (needs a softcap).
+  Value softcapSlope(Value x);
+  /// f32 tanh (scalar or vector) to a few ulps, NaN kept.
+  Value buildTanh(Value y);
+
   /// `diff * s` (scalar or vector), `diff` without a scale.
   Value scaleLogits(Value diff);
   /// `exp(s * diff)` (scalar or vector) as `exp2(diff * fl(s log2 e))`.
@@ -295,6 +312,15 @@ private:
   RowThreads threads;
   Value logitScale;    ///< f32 s, or null for 1
   Value logitScaleLog2E; ///< f32 fl(s log2 e), with logitScale
+  Value softcap;         ///< f32 cap, or null
+  Value softcapScale;    ///< f32 s of a softcap, or null for 1
+  Value softcapInner;    ///< f32 fl(s / cap), with softcap
+  /// tanh(x fl(s / cap)).
+  Value softcapTanh(Value x);
+  /// loadElement, then softcapLogits.
+  Value loadLogit(const RowRef &row, Value index) {
+    return softcapLogits(loadElement(row, index));
+  }
 };
 
 } // namespace mlir::ce

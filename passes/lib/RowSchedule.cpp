@@ -298,6 +298,11 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
         return vector::BroadcastOp::create(b, type, s);
       return s;
     };
+    // A softcap: the exponent is of z, and the result times dz/dx (both
+    // from the same tanh).
+    Value slope;
+    if (softcap)
+      std::tie(x, slope) = softcapWithSlope(x);
     // scale (p c - u) = p (scale c) - scale u: one FMA after the exp.
     Value p;
     if (fromRowMax) {
@@ -317,7 +322,8 @@ void RowLoopBuilder::buildGradientSweep(const RowRef &row, const RowRef &grad,
                        .getResult()
                  : buildExp(shifted);
     }
-    return math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
+    Value g = math::FmaOp::create(b, p, splat(scaleC), splat(negScaleU));
+    return slope ? arith::MulFOp::create(b, g, slope).getResult() : g;
   };
   auto scalarStep = [&](Value j, ValueRange) -> SmallVector<Value> {
     Value x = loadElement(row, j);

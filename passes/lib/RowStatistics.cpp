@@ -250,7 +250,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         scf::ForOp loop = buildTailLoop(
             index(0), vocab, inits,
             [&](Value j, ValueRange state) -> SmallVector<Value> {
-              Value x = loadElement(row, j);
+              Value x = loadLogit(row, j);
               auto [max, rest] = stepState(*this, b, state[0], state[1], {x});
               SmallVector<Value> next = {max, rest};
               if (!withSum)
@@ -349,7 +349,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
                                            index(0));
     Value first = buildIfYield(
         b, nonEmpty, TypeRange{b.getF32Type()},
-        [&] { return SmallVector<Value>{loadElement(row, index(0))}; },
+        [&] { return SmallVector<Value>{loadLogit(row, index(0))}; },
         [&] { return SmallVector<Value>{f32(0.0f)}; })[0];
     Value finite = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
                                          math::AbsFOp::create(b, first),
@@ -369,7 +369,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     // The step's maximum on the packed values (exact: it is one of them).
     Value stepMax;
     auto rawType = cast<VectorType>(raws.front().getType());
-    if (threads.packedMax &&
+    // Not with a softcap: the maximum is taken of z, as computed.
+    if (threads.packedMax && !softcap &&
         rawType.getElementType().getIntOrFloatBitWidth() == 16) {
       SmallVector<Value, 8> maskedRaws(raws);
       if (!valid.empty()) {
@@ -387,7 +388,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       if (source == Source::GlobalToCache)
         buildIfValid(valid, k,
                      [&] { storeCachedVector(range, offsets[k], raw); });
-      Value x = widen(raw);
+      Value x = softcapLogits(widen(raw));
       sumXs.push_back(
           sumShift ? arith::SubFOp::create(
                          b, x, vector::BroadcastOp::create(b, vectorType,
@@ -478,7 +479,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   SmallVector<Value> tailState = buildScalarLoops(
       range, vocab, tailInits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
-        Value x = loadElement(row, j);
+        Value x = loadLogit(row, j);
         auto [tailMax, tailRest] =
             stepState(*this, b, state[0], state[1], {x});
         SmallVector<Value> next = {tailMax, tailRest};

@@ -26,8 +26,15 @@ CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
   if (threads.enabled())
     isLeader = arith::CmpIOp::create(b, arith::CmpIPredicate::eq,
                                      threads.threadId, rows.index(0));
-  // z = s x: every exponential of the sweeps is of z.
-  rows.setLogitScale(config.logitScale);
+  // z = s x: every exponential of the sweeps is of z. With a softcap every
+  // loaded element becomes z = cap tanh(s x / cap) and the sweeps run on z
+  // with no further scale.
+  if (this->config.logitSoftcap) {
+    rows.setLogitSoftcap(this->config.logitSoftcap, this->config.logitScale);
+    this->config.logitScale = Value();
+  } else {
+    rows.setLogitScale(this->config.logitScale);
+  }
   auto type = cast<MemRefType>(logits.getType());
   vocab = memref::DimOp::create(b, logits, type.getRank() - 1);
   vocabF32 = arith::UIToFPOp::create(
@@ -144,6 +151,11 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
     scf::YieldOp::create(b, rows.f32(0.0f));
   }
   info.target = ifOp.getResult(0);
+  if (rows.getLogitSoftcap()) {
+    // The slope from the raw x_y, read before any overwrite.
+    info.targetSlope = rows.softcapSlope(info.target);
+    info.target = rows.softcapLogits(info.target);
+  }
   if (config.status) {
     Value notIgnored = arith::XOrIOp::create(
         b, info.ignored, arith::ConstantIntOp::create(b, b.getI1Type(), 1));
@@ -257,8 +269,10 @@ void CrossEntropyLowering::buildGradient(const Token &token, Value grad,
                   b, term, arith::SubFOp::create(b, smoothing, uniform));
             Value column =
                 arith::IndexCastOp::create(b, b.getIndexType(), label.column);
-            rows.storeElement(gradRow, column,
-                              arith::MulFOp::create(b, scale, term));
+            Value value = arith::MulFOp::create(b, scale, term);
+            if (label.targetSlope)
+              value = arith::MulFOp::create(b, value, label.targetSlope);
+            rows.storeElement(gradRow, column, value);
           });
         });
       });

@@ -41,6 +41,9 @@ struct OpConfig {
   Value zLossValue;           ///< f32, or null
   Value shardStart, shardVocab; ///< i64 run-time bounds, or null
   Value logitScale;             ///< f32 s (z = s x), or null for 1
+  /// f32 cap (z = cap tanh(s x / cap)), or null. The lowering then folds
+  /// the scale into z and clears logitScale (CrossEntropyLowering).
+  Value logitSoftcap;
 
   bool hasSmoothing() const {
     return labelSmoothingValue || labelSmoothing != 0.0f;
@@ -64,6 +67,7 @@ struct OpConfig {
     config.shardStart = op.getShardStart();
     config.shardVocab = op.getShardVocab();
     config.logitScale = op.getLogitScale();
+    config.logitSoftcap = op.getLogitSoftcap();
     return config;
   }
 };
@@ -84,7 +88,9 @@ struct LabelInfo {
   Value ignored; ///< i1: label == ignore_index (false without one)
   Value column;  ///< i64: the label's column in the local row
   Value inRow;   ///< i1: 0 <= column < V_local (== valid unless sharded)
-  Value target;  ///< f32: x[column] when inRow, else 0
+  Value target;  ///< f32: z[column] when inRow, else 0 (z = x without a softcap)
+  /// f32 dz/dx at the target (a softcap's chain-rule factor), or null.
+  Value targetSlope;
 };
 
 /// Shared lowering state of one op.

@@ -190,6 +190,9 @@ Status launchGpuKernel(const Bundle &bundle, const KernelInfo &info,
     case ArgRole::LogitScale:
       params.addFloat(values.logitScale);
       continue;
+    case ArgRole::LogitSoftcap:
+      params.addFloat(values.logitSoftcap);
+      continue;
     default:
       break;
     }

@@ -66,19 +66,19 @@ template <size_t> using PointerParam = void *;
 
 /// Calls `entry`, a kernel's C interface: one pointer to a memref descriptor
 /// per tensor, then the value arguments by value as the C types of
-/// kValueRoles (i64, i64, f32, f32, i64, i64, f32).
+/// kValueRoles (i64, i64, f32, f32, i64, i64, f32, f32).
 template <size_t... Index>
 void callWithPointers(void *entry, const std::array<void *, kMaxTensors> &args,
                       const KernelValues &values,
                       std::index_sequence<Index...>) {
   using Function = void (*)(PointerParam<Index>..., int64_t, int64_t, float,
-                            float, int64_t, int64_t, float);
+                            float, int64_t, int64_t, float, float);
   Function function;
   static_assert(sizeof(function) == sizeof(entry), "function pointer size");
   std::memcpy(&function, &entry, sizeof(function));
   function(args[Index]..., values.flags, values.ignoreIndex,
            values.labelSmoothing, values.zLoss, values.shardStart,
-           values.shardVocab, values.logitScale);
+           values.shardVocab, values.logitScale, values.logitSoftcap);
 }
 
 void callEntry(void *entry, const std::array<void *, kMaxTensors> &args,

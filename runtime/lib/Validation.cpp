@@ -132,6 +132,16 @@ Status checkOptions(const ce_options &options) {
   if (!std::isfinite(logitScale) || !(logitScale > 0.0f))
     return invalid("options->logit_scale",
                    "must be finite and > 0, got " + formatF32(logitScale));
+  // A softcap z = cap tanh(s x / cap): 0 is none; a cap must be finite and
+  // positive, and s / cap finite (the kernels take y = x fl(s / cap)).
+  float softcap = options.logit_softcap;
+  if (softcap != 0.0f &&
+      (!std::isfinite(softcap) || !(softcap > 0.0f) ||
+       !std::isfinite(logitScale / softcap)))
+    return invalid("options->logit_softcap",
+                   "must be 0 (no softcap) or finite and > 0 with "
+                   "logit_scale / logit_softcap finite, got " +
+                       formatF32(softcap));
   if (options.shard_vocab < 0)
     return invalid("options->shard_vocab",
                    "must be 0 (no shard) or the global vocabulary size, got " +
@@ -419,6 +429,7 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
   plan.variant.logits = toElemType(logits.dtype);
   plan.variant.smoothing = options.label_smoothing != 0.0f;
   plan.variant.zLoss = options.z_loss != 0.0f;
+  plan.variant.softcap = options.logit_softcap != 0.0f;
   plan.variant.overwrite = overwrite;
   if (op == KernelOp::Rescale)
     plan.variant.canonicalRescale();
@@ -435,6 +446,7 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     case ArgRole::ShardStart:
     case ArgRole::ShardVocab:
     case ArgRole::LogitScale:
+    case ArgRole::LogitSoftcap:
       break;
     case ArgRole::Labels:
       if (Status status =

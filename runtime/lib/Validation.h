@@ -93,6 +93,7 @@ struct LaunchPlan {
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
     values.logitScale = options.logit_scale;
+    values.logitSoftcap = options.logit_softcap;
     // Backward and shard_stats kernels take a slice; unsharded, [0, V) of V.
     if (options.shard_vocab > 0) {
       values.shardStart = options.shard_start;

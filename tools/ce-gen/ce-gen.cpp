@@ -88,6 +88,10 @@ VariantList weightKinds("weights",
                         cl::desc("token (default; scalar: the same kernel, "
                                  "fused only)"),
                         cl::CommaSeparated, cl::cat(category));
+VariantList softcaps("softcap",
+                     cl::desc("off (default), on: kernels that apply a logit "
+                              "softcap (its value is a run-time argument)"),
+                     cl::CommaSeparated, cl::cat(category));
 cl::list<std::string> variantKeys(
     "variant",
     cl::desc("Canonical variant keys (as manifests and the runtime's "
@@ -96,7 +100,8 @@ cl::list<std::string> variantKeys(
 cl::opt<bool> allVariants(
     "all",
     cl::desc("Every kernel a trainer can ask for: every value of every "
-             "variant list above (what the Python package ships)"),
+             "variant list above, softcap kernels only without smoothing "
+             "and z-loss (what the Python package ships)"),
     cl::init(false), cl::cat(category));
 
 // Host and GPU tuning (unset: the target's default).
@@ -225,6 +230,7 @@ int main(int argc, char **argv) {
                           {zLosses.begin(), zLosses.end()},
                           {overwrites.begin(), overwrites.end()},
                           {weightKinds.begin(), weightKinds.end()},
+                          {softcaps.begin(), softcaps.end()},
                           {variantKeys.begin(), variantKeys.end()},
                           allVariants};
   CodegenOptions options;

@@ -76,16 +76,18 @@ enum class ArgRole {
   ZLoss,          ///< f32 z-loss coefficient (z-loss kernels)
   ShardStart,     ///< i64 first global id of the slice (backward, shard_stats)
   ShardVocab,     ///< i64 global vocabulary (backward, shard_stats)
-  LogitScale      ///< f32 s: every logit x is z = s x before the softmax
+  LogitScale,     ///< f32 s: every logit x is z = s x before the softmax
+  /// f32 cap: z = cap tanh(s x / cap) (softcap kernels; 0 elsewhere)
+  LogitSoftcap
 };
-inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::LogitScale) + 1;
+inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::LogitSoftcap) + 1;
 
 /// The value arguments every kernel takes after its tensors, in this order
 /// (a kernel ignores those its variant does not use).
 inline constexpr ArgRole kValueRoles[] = {
     ArgRole::Flags,  ArgRole::IgnoreIndex, ArgRole::LabelSmoothing,
     ArgRole::ZLoss, ArgRole::ShardStart,  ArgRole::ShardVocab,
-    ArgRole::LogitScale};
+    ArgRole::LogitScale, ArgRole::LogitSoftcap};
 
 /// Whether `role` is passed by value (one of kValueRoles).
 inline bool isValueRole(ArgRole role) {
@@ -101,6 +103,7 @@ struct KernelValues {
   int64_t shardStart = 0;
   int64_t shardVocab = 0;
   float logitScale = 1.0f;
+  float logitSoftcap = 0.0f; ///< 0: no softcap
 };
 
 /// The manifest spelling of `role` ("grad_loss", ...).
@@ -140,6 +143,8 @@ inline const char *stringify(ArgRole role) {
     return "shard_vocab";
   case ArgRole::LogitScale:
     return "logit_scale";
+  case ArgRole::LogitSoftcap:
+    return "logit_softcap";
   }
   return "?";
 }
@@ -218,6 +223,7 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
   case ArgRole::LabelSmoothing:
   case ArgRole::ZLoss:
   case ArgRole::LogitScale:
+  case ArgRole::LogitSoftcap:
     return {0, ElemType::F32};
   }
   return {};

@@ -142,6 +142,11 @@ struct KernelVariantKey {
   bool zLoss = false;
   bool overwrite = false;
   WeightsKind weights = WeightsKind::None;
+  /// Logit softcap kernels (z = cap tanh(s x / cap)): a compile-time
+  /// variant, so that the kernels without one pay nothing for the tanh.
+  /// Spelled `,softcap=on` after `weights` when set and left out when not,
+  /// so every key without a softcap reads as before.
+  bool softcap = false;
 
   /// The fields a rescale key does not vary, at their one value: labels i64,
   /// no smoothing or z-loss, in place (overwrite 1), per-token weights.
@@ -151,6 +156,7 @@ struct KernelVariantKey {
     zLoss = false;
     overwrite = true;
     weights = WeightsKind::Token;
+    softcap = false;
     return *this;
   }
   bool isCanonical() const {
@@ -177,6 +183,8 @@ struct KernelVariantKey {
     key += overwrite ? "1" : "0";
     key += ",weights=";
     key += stringify(weights);
+    if (softcap)
+      key += ",softcap=on";
     return key;
   }
 };
@@ -185,12 +193,13 @@ struct KernelVariantKey {
 /// canonical spelling is accepted: every field present, in order, with the
 /// exact value spelling str() produces (so `parse(k)->str() == k`). Returns
 /// std::nullopt for anything else, including version 2 keys (whose
-/// option fields held values).
+/// option fields held values). The optional last field is `softcap=on`
+/// (`softcap=off` is not canonical: it is spelled by leaving it out).
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
   static constexpr const char *fieldNames[] = {
       "op",     "logits", "labels",    "layout", "label_smoothing",
-      "z_loss", "overwrite", "weights"};
+      "z_loss", "overwrite", "weights", "softcap"};
   constexpr size_t numFields = sizeof(fieldNames) / sizeof(fieldNames[0]);
   std::string_view values[numFields];
   size_t present = 0;
@@ -210,7 +219,8 @@ parseKernelVariantKey(std::string_view text) {
       return std::nullopt;
     values[present++] = field.substr(eq + 1);
   }
-  if (present < numFields)
+  if (present < numFields - 1 ||
+      (present == numFields && values[numFields - 1] != "on"))
     return std::nullopt;
 
   KernelVariantKey key;
@@ -239,6 +249,9 @@ parseKernelVariantKey(std::string_view text) {
       !onOff(values[6], key.overwrite, "1", "0") ||
       !pick(values[7], key.weights, WeightsKind::None, WeightsKind::Token) ||
       !key.isCanonical())
+    return std::nullopt;
+  key.softcap = present == numFields;
+  if (key.op == KernelOp::Rescale && key.softcap)
     return std::nullopt;
   return key;
 }

@@ -122,13 +122,21 @@ typedef struct ce_options {
    * sum_j exp(z_j - z_max) - 1 and keeps its max, target and row sum of x
    * (docs/tensor-parallel.md). Checked, not used, by ce_rescale. */
   float logit_scale;
+  /* Logit softcap (0: none): every logit is z = logit_softcap *
+   * tanh(logit_scale * x / logit_softcap) before the softmax, the gradient
+   * through dz/dx = logit_scale (1 - tanh^2). A cap selects the softcap
+   * kernels (variant key softcap=on); it must be finite and > 0, with
+   * logit_scale / logit_softcap finite. ce_shard_stats then writes all four
+   * statistics of z (docs/tensor-parallel.md). Checked, not used, by
+   * ce_rescale. */
+  float logit_softcap;
 } ce_options;
 
 typedef struct ce_bundle ce_bundle;
 
 /* Fills `options` with the defaults: no ignore_index, no smoothing, no
  * z-loss, no overwrite, [B,S] labels, no shard, CE_LABEL_POLICY_STRICT, no
- * lse_low, logit_scale 1. */
+ * lse_low, logit_scale 1, no logit_softcap. */
 void ce_options_init(ce_options *options);
 
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);

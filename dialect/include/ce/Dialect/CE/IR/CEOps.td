@@ -31,7 +31,8 @@ defvar CE_StatusOperand = (ins
   Optional<F32>:$z_loss_value,
   Optional<I64>:$shard_start,
   Optional<I64>:$shard_vocab,
-  Optional<F32>:$logit_scale);
+  Optional<F32>:$logit_scale,
+  Optional<F32>:$logit_softcap);
 
 /// lse's low part: written by ce.forward and ce.fused, read by ce.backward.
 defvar CE_LseLowFormat =
@@ -45,6 +46,7 @@ defvar CE_StatusFormat =
   "(`z_loss` `(` $z_loss_value^ `)`)? "
   "(`shard_bounds` `(` $shard_start^ `,` $shard_vocab `)`)? "
   "(`logit_scale` `(` $logit_scale^ `)`)? "
+  "(`logit_softcap` `(` $logit_softcap^ `)`)? "
   "`layout` `=` custom<Layout>($layout)";
 
 class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
@@ -88,6 +90,18 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
     maximum, then one relative rounding), never of `s x - s max`.
     `ce.shard_stats` writes `[1]` of z, and `[0]`, `[2]`, `[3]` of x (see
     there).
+
+    Logit softcap (optional `logit_softcap(%cap)`, an f32 read at run time;
+    absent means none): every logit becomes `z = cap * tanh(s * x / cap)`
+    (the scale first, then the cap), so every z lies in `[-cap, cap]`
+    (`+-inf` logits give `+-cap`, NaN stays NaN). The loss, the log-sum-exp,
+    the smoothing mean and the z-loss are of z, and the gradient is taken
+    through `dz/dx = s * (1 - tanh^2(s * x / cap))`. Each element is
+    transformed once where it is loaded and the sweeps then run on z with
+    no further scale (a softcap op is a kernel of its own: the ops without
+    one carry no tanh). `cap` must be finite and positive (a constant
+    operand is checked here; the runtime checks a run-time value).
+    `ce.shard_stats` then writes all four statistics of z.
 
     Run-time flags (optional `flags`, an i64 read at run time, so one
     compiled kernel serves every value; absent means 0):
