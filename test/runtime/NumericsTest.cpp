@@ -29,6 +29,10 @@
 // time, else log-uniform in [0.05, 20]); the references are float64 of
 // z = s x, formed from the f32 s and the logits (exact in double), and the
 // gradient's is s times that of z.
+// A softcap kernel (softcap=on) draws a cap (log-uniform in [1, 64], with
+// the scale as above): the references see z = cap tanh(s x / cap) in
+// float64 and the gradient is the one of z times dz/dx = s (1 - tanh^2),
+// with an allowance of s 2^-18 |dL/dz| for the f32 evaluation of 1 - t^2.
 // The backward reference uses the lse the forward kernel returned (the
 // backward takes lse as an input); fused gradients, and backward gradients
 // given lse's low part (ce_options.lse_low, every other case), are compared
@@ -175,6 +179,9 @@ struct Problem {
 
   std::vector<double> x;       ///< Logits values, [token][j].
   double logitScale = 1.0;     ///< s, the f32 the kernel is given.
+  double logitSoftcap = 0.0;   ///< the cap, the f32 the kernel is given (0: none)
+  /// dz/dx per element (s without a softcap), [token][j].
+  std::vector<double> slope;
   /// z = s x in float64 (exact: a product of two f32s), [token][j]: what
   /// the references see.
   std::vector<double> z;
@@ -255,13 +262,16 @@ struct CaseOptions {
   float labelSmoothing = 0.0f;
   float zLoss = 0.0f;
   float logitScale = 1.0f;
+  float logitSoftcap = 0.0f;
 
   std::string str() const {
     return "ignore_index=" +
            (ignoreIndex ? std::to_string(*ignoreIndex) : std::string("none")) +
            " label_smoothing=" + formatF32(labelSmoothing) +
            " z_loss=" + formatF32(zLoss) +
-           " logit_scale=" + formatF32(logitScale);
+           " logit_scale=" + formatF32(logitScale) +
+           (logitSoftcap != 0.0f ? " logit_softcap=" + formatF32(logitSoftcap)
+                                 : std::string());
   }
 };
 
@@ -291,6 +301,8 @@ CaseOptions drawOptions(const KernelVariantKey &key, const CaseSpec &spec,
   if (uniform(rng) >= 0.5)
     options.logitScale =
         static_cast<float>(0.05 * std::pow(400.0, uniform(rng)));
+  if (key.softcap)
+    options.logitSoftcap = static_cast<float>(std::pow(64.0, uniform(rng)));
   return options;
 }
 
@@ -302,6 +314,7 @@ ce_options optionsFor(const KernelVariantKey &key, const CaseOptions &values) {
   options.label_smoothing = values.labelSmoothing;
   options.z_loss = values.zLoss;
   options.logit_scale = values.logitScale;
+  options.logit_softcap = values.logitSoftcap;
   options.overwrite_input = key.overwrite;
   options.label_layout =
       key.layout == LabelLayout::SbvSb ? CE_LABELS_SB : CE_LABELS_BS;
@@ -317,6 +330,7 @@ void initProblem(Problem &problem, const KernelVariantKey &key,
   problem.reference.labelSmoothing = values.labelSmoothing;
   problem.reference.zLoss = values.zLoss;
   problem.logitScale = values.logitScale;
+  problem.logitSoftcap = values.logitSoftcap;
   if (spec.megatronLabels) {
     problem.options.label_policy = CE_LABEL_POLICY_MEGATRON;
     problem.reference.megatronLabels = true;
@@ -369,9 +383,14 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
       if (t == 0 || t == 1) {
         // -inf everywhere but one entry; for t == 1 the target is one of
         // the -inf entries, so the loss is +inf.
+        // With a softcap -inf is -cap: every other entry keeps its value,
+        // so that the row is not tens of thousands of equal terms, whose
+        // sequential f32 sum on the host errs by more than the tolerance
+        // (a summation limit, not the softcap's; no real row is like it).
         int64_t keep = anyLabel(rng);
         for (int64_t j = 0; j < v; ++j)
-          row[j] = j == keep ? roundTo(type, 2.0 * normal(rng)) : -kInf;
+          if (!p.key.softcap || j % 2 == 0 || j == keep + 1)
+            row[j] = j == keep ? roundTo(type, 2.0 * normal(rng)) : -kInf;
         p.labels[t] = t == 0 ? keep : (keep + 1) % v;
       } else if (t == 2) {
         // A confident row: p(target) = 1999/2000 before rounding x_target.
@@ -456,10 +475,20 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
   for (int64_t t = 0; t < n; ++t)
     for (int64_t j = 0; j < v; ++j)
       p.logits.set(p.logitsIndex(t, j), p.x[t * v + j]);
-  // What the references see: z = s x, exact in double.
+  // What the references see: z = s x, exact in double, or with a softcap
+  // z = cap tanh(s x / cap) (+-inf: +-cap), and dz/dx.
   p.z.resize(p.x.size());
-  for (size_t i = 0; i < p.x.size(); ++i)
-    p.z[i] = p.logitScale * p.x[i];
+  p.slope.resize(p.x.size());
+  for (size_t i = 0; i < p.x.size(); ++i) {
+    if (p.logitSoftcap == 0.0) {
+      p.z[i] = p.logitScale * p.x[i];
+      p.slope[i] = p.logitScale;
+      continue;
+    }
+    double t = std::tanh(p.logitScale * p.x[i] / p.logitSoftcap);
+    p.z[i] = p.logitSoftcap * t;
+    p.slope[i] = p.logitScale * (1.0 - t * t);
+  }
   p.labelTensor = makeTensor(p.key.labels, p.tokenShape(), p.tokenStrides(0));
   for (int64_t t = 0; t < n; ++t)
     p.labelTensor.setInt(t, p.labels[t]);
@@ -538,6 +567,8 @@ void checkTokenValue(Report &report, const Problem &p, const char *what,
   if (std::fabs(ref) > std::numeric_limits<float>::max())
     ref = static_cast<float>(ref);
   double tolerance = 1e-5 * std::fmax(1.0, std::fabs(ref));
+  // A softcap's z is an f32 of a few ulps: up to 8 ulps of the cap more.
+  tolerance += p.logitSoftcap * std::ldexp(8.0, -24);
   if (exactZero)
     ok = kernel == 0.0;
   else if (!std::isfinite(ref))
@@ -649,9 +680,28 @@ void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
     // row's backward gradient is not checked (the fused kernel's is).
     if (std::ldexp(extraUlps, -24) > 0.5)
       continue;
-    referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb,
-                  p.scale[t] * p.logitScale, p.reference, ref.data(),
-                  termScale.data(), inputLse ? nullptr : &stats[t], extraUlps);
+    // The gradient of z, then times dz/dx per element.
+    referenceGrad(row, p.vocab, label, lseUsed[t], targetLogProb, p.scale[t],
+                  p.reference, ref.data(), termScale.data(),
+                  inputLse ? nullptr : &stats[t], extraUlps);
+    // A softcap's dz/dx = s (1 - t^2) from an f32 t of a few ulps is off by
+    // up to about s 2^-19 in absolute terms where t nears +-1 (as in any
+    // f32 evaluation of tanh's derivative, PyTorch's autograd included):
+    // 16 s |dL/dz| more in the terms (gradTolerance takes 4 ulps of them):
+    // 2^-18 s |dL/dz|.
+    // And z itself is an f32 of a few ulps (tanh, then the product with
+    // the cap): p_j moves by p_j |z_j| 2^-21 (4 more ulps of p_j |z_j| g).
+    double slopeError = p.logitSoftcap != 0.0 ? 16.0 * p.logitScale : 0.0;
+    for (int64_t j = 0; j < p.vocab; ++j) {
+      double slope = p.slope[t * p.vocab + j];
+      double zError = 0.0;
+      if (p.logitSoftcap != 0.0 && std::isfinite(lseUsed[t]))
+        zError = std::exp(row[j] - lseUsed[t]) * std::fabs(row[j]) *
+                 std::fabs(p.scale[t]);
+      termScale[j] = (termScale[j] + zError) * slope +
+                     slopeError * std::fabs(ref[j]);
+      ref[j] *= slope;
+    }
     checkGradRow(
         report, p, t, [&](int64_t j) { return grad.get(p.logitsIndex(t, j)); },
         ref, termScale, lseUsed[t]);
@@ -1034,7 +1084,9 @@ int main(int argc, char **argv) {
                         values.labelSmoothing != 0.0f ? "nonzero" : "0"},
               std::pair{"z_loss_value", values.zLoss != 0.0f ? "nonzero" : "0"},
               std::pair{"logit_scale",
-                        values.logitScale != 1.0f ? "drawn" : "1"}})
+                        values.logitScale != 1.0f ? "drawn" : "1"},
+              std::pair{"logit_softcap",
+                        values.logitSoftcap != 0.0f ? "drawn" : "none"}})
           coverage[field].insert(value);
         report.startCase(keyText, name);
         if (verbose)
