@@ -157,6 +157,9 @@ class Options(ctypes.Structure):
         ("lse_low", ctypes.c_void_p),
         # z = logit_scale * x before the softmax (1: none).
         ("logit_scale", ctypes.c_float),
+        # z = logit_softcap * tanh(logit_scale * x / logit_softcap) (0: none); a cap selects
+        # the softcap=on kernels.
+        ("logit_softcap", ctypes.c_float),
     ]
 
 

@@ -53,9 +53,11 @@ class VariantKey:
     z_loss: bool = False
     overwrite: bool = False
     weights: str = "none"
+    #: Logit softcap kernels (issue 17): spelled ``,softcap=on`` last, left out when off.
+    softcap: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("label_smoothing", "z_loss", "overwrite"):
+        for name in ("label_smoothing", "z_loss", "overwrite", "softcap"):
             object.__setattr__(self, name, _validate.flag(name, getattr(self, name)))
         for name, allowed in (
             ("op", OPS),
@@ -69,7 +71,7 @@ class VariantKey:
                 raise ValueError(f"variant key field {name}={value!r}: expected one of {allowed}")
         if self.op == "rescale":
             if (self.labels, self.label_smoothing, self.z_loss, self.overwrite,
-                    self.weights) != ("i64", False, False, True, "token"):
+                    self.weights, self.softcap) != ("i64", False, False, True, "token", False):
                 raise ValueError(
                     "variant key: op='rescale' has labels=i64, label_smoothing=off, "
                     "z_loss=off, overwrite=1, weights=token (it reads no labels and "
@@ -92,6 +94,7 @@ class VariantKey:
             f"label_smoothing={'on' if self.label_smoothing else 'off'},"
             f"z_loss={'on' if self.z_loss else 'off'},overwrite={1 if self.overwrite else 0},"
             f"weights={self.weights}"
+            + (",softcap=on" if self.softcap else "")
         )
 
     def serving_keys(self) -> List["VariantKey"]:

@@ -113,9 +113,17 @@ class TestCApiMirror(unittest.TestCase):
         # ce_options.logit_scale (issue 17): the last field, a float, 1 after
         # ce_options_init (a zeroed struct would be refused: the scale must be > 0).
         fields = header_structs(self.text)["ce_options"]
-        self.assertEqual(fields[-1][:2], ("logit_scale", "float"))
-        self.assertEqual(_runtime.Options._fields_[-1], ("logit_scale", ctypes.c_float))
+        self.assertEqual(fields[-2][:2], ("logit_scale", "float"))
+        self.assertEqual(_runtime.Options._fields_[-2], ("logit_scale", ctypes.c_float))
         self.assertEqual(_runtime.get_runtime().default_options().logit_scale, 1.0)
+
+    def test_logit_softcap(self) -> None:
+        # ce_options.logit_softcap (issue 17): the last field, a float, 0 (no softcap)
+        # after ce_options_init.
+        fields = header_structs(self.text)["ce_options"]
+        self.assertEqual(fields[-1][:2], ("logit_softcap", "float"))
+        self.assertEqual(_runtime.Options._fields_[-1], ("logit_softcap", ctypes.c_float))
+        self.assertEqual(_runtime.get_runtime().default_options().logit_softcap, 0.0)
 
     def test_parser_sees_every_enum_value(self) -> None:
         # The parser itself must not drop values (a guard for this test).
