@@ -351,7 +351,7 @@ TEST(BundleOpen, DuplicateKernel) {
 TEST(BundleOpen, ArgsMustFitTheVariant) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  // canonical: logits, labels, loss, lse, lse_low, status, then the seven
+  // canonical: logits, labels, loss, lse, lse_low, status, then the eight
   // values.
   auto with = [&](const std::function<void(Args &)> &change) {
     Args args = canonical;
@@ -398,10 +398,13 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
          a.push_back({"flags", 0, "i64"});
        }),
        "unexpected argument role \"flags\" after the last one, "
-       "\"logit_scale\""},
+       "\"logit_softcap\""},
       // A list without the logit scale (bundle format 4 before issue 17).
-      {with([](Args &a) { a.pop_back(); }),
+      {with([](Args &a) { a.pop_back(); a.pop_back(); }),
        "missing argument role \"logit_scale\""},
+      // A list without the logit softcap (before the softcap kernels).
+      {with([](Args &a) { a.pop_back(); }),
+       "missing argument role \"logit_softcap\""},
   };
   TempDir dir;
   for (const Case &c : cases) {
@@ -416,7 +419,7 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
 TEST(BundleOpen, ValuesAreTrailingScalarsInAFixedOrder) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  ASSERT_EQ(canonical.size(), 13u);
+  ASSERT_EQ(canonical.size(), 14u);
   auto with = [&](size_t index, std::tuple<std::string, int, std::string> arg) {
     Args args = canonical;
     args[index] = std::move(arg);
@@ -446,6 +449,8 @@ TEST(BundleOpen, ValuesAreTrailingScalarsInAFixedOrder) {
        "argument \"shard_vocab\" is f32 of rank 0, expected i64 of rank 0"},
       {with(12, {"logit_scale", 0, "i64"}),
        "argument \"logit_scale\" is i64 of rank 0, expected f32 of rank 0"},
+      {with(13, {"logit_softcap", 0, "i64"}),
+       "argument \"logit_softcap\" is i64 of rank 0, expected f32 of rank 0"},
       {valuesFirst, "args[0]: argument role \"flags\" where this variant takes "
                     "\"logits\""},
       {swapped, "args[8]: argument role \"z_loss\" where this variant takes "

@@ -4,7 +4,7 @@
 // fake_gpu_driver.c built as libcuda.so.1 and libamdhip64.so, so the
 // runtime's CUDA and HIP backends run their real code paths (target
 // selection, contexts, module and function caching, the kernel parameter
-// ABI: the descriptor fields, then the seven option values by value, an f32
+// ABI: the descriptor fields, then the eight option values by value, an f32
 // as 4 bytes; grid and block, streams, graph capture, label status words)
 // on a machine without a GPU. The fake records each launch's parameters; the
 // test plays the kernel's part by writing the status word it was given.
@@ -74,8 +74,9 @@ void *primaryOf(int device) {
 }
 
 /// The value parameters after the descriptor fields (flags, ignore_index,
-/// label_smoothing, z_loss, shard_start, shard_vocab, logit_scale).
-constexpr int kValueParams = 7;
+/// label_smoothing, z_loss, shard_start, shard_vocab, logit_scale,
+/// logit_softcap).
+constexpr int kValueParams = 8;
 
 /// The byte size of each kernel parameter of `key`, one digit each (the
 /// fake driver's SIZES): 8 per descriptor field, 8 per i64 value, 4 per f32
@@ -302,12 +303,13 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.params[30], 1u);
   EXPECT_EQ(s.params[31], 1u);
   // The values last: all 0 by default but the slice, [0, V) of V, and the
-  // logit scale 1.
+  // logit scale 1 (the softcap, last, is 0: none).
   ASSERT_EQ(s.numParams, 32 + kValueParams);
-  for (int i = 32; i < 32 + kValueParams - 2; ++i)
+  for (int i = 32; i < 32 + kValueParams - 3; ++i)
     EXPECT_EQ(s.params[i], 0u) << "parameter " << i;
-  EXPECT_EQ(s.params[32 + kValueParams - 2], 7u);
-  EXPECT_EQ(s.params[32 + kValueParams - 1], f32Param(1.0f));
+  EXPECT_EQ(s.params[32 + kValueParams - 3], 7u);
+  EXPECT_EQ(s.params[32 + kValueParams - 2], f32Param(1.0f));
+  EXPECT_EQ(s.params[32 + kValueParams - 1], f32Param(0.0f));
   EXPECT_EQ(*lastStatusWord(), 0);
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
 }
@@ -348,6 +350,7 @@ TEST_P(GpuTest, OptionValuesFollowTheDescriptorsByValue) {
     EXPECT_EQ(values[4], 0u);
     EXPECT_EQ(values[5], uint64_t(p.v));
     EXPECT_EQ(values[6], f32Param(2.75f));
+    EXPECT_EQ(values[7], f32Param(0.0f)); // no softcap: the plain kernel
     EXPECT_EQ(s.params[0], uint64_t(uintptr_t(p.logits.data())));
   }
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);

@@ -253,7 +253,7 @@ TEST(Launch, LseLowIsCheckedLikeTheLse) {
 KernelValues receivedValues(const FakeBundle &bundle) {
   const FakeRecord &r = bundle.record();
   return {r.flags,      r.ignoreIndex, r.labelSmoothing, r.zLoss,
-          r.shardStart, r.shardVocab,  r.logitScale};
+          r.shardStart, r.shardVocab,  r.logitScale,     r.logitSoftcap};
 }
 
 void expectValues(const KernelValues &got, const KernelValues &want) {
@@ -264,6 +264,7 @@ void expectValues(const KernelValues &got, const KernelValues &want) {
   EXPECT_EQ(got.shardStart, want.shardStart);
   EXPECT_EQ(got.shardVocab, want.shardVocab);
   EXPECT_EQ(got.logitScale, want.logitScale);
+  EXPECT_EQ(got.logitSoftcap, want.logitSoftcap);
 }
 
 TEST(Launch, OptionValuesArePassedByValue) {

@@ -266,9 +266,9 @@ TEST(Manifest, TheBuiltManifestsAreAccepted) {
     ASSERT_EQ(parsed.kernels.size(), 1u);
     EXPECT_EQ(parsed.kernels[0].key, forwardKey().str());
     EXPECT_EQ(parsed.kernels[0].symbol, "ce_kernel_0");
-    // 6 tensors (lse_low since version 4) and the 7 values (logit_scale
-    // since issue 17).
-    EXPECT_EQ(parsed.kernels[0].args.size(), 13u);
+    // 6 tensors (lse_low since version 4) and the 8 values (logit_scale
+    // and logit_softcap since issue 17).
+    EXPECT_EQ(parsed.kernels[0].args.size(), 14u);
   }
 }
 
@@ -821,25 +821,25 @@ TEST(ManifestArgs, TestBundlesCanonicalArgsAreBundleAbis) {
   }
 }
 
-TEST(ManifestArgs, EveryKernelTakesTheSevenValuesLast) {
+TEST(ManifestArgs, EveryKernelTakesTheEightValuesLast) {
   // Whatever the variant (with or without smoothing, z-loss or a shard),
-  // its kernel takes all seven values, so that one C signature per tensor
+  // its kernel takes all eight values, so that one C signature per tensor
   // count serves every variant.
   const std::vector<std::tuple<std::string, int, std::string>> values = {
       {"flags", 0, "i64"},           {"ignore_index", 0, "i64"},
       {"label_smoothing", 0, "f32"}, {"z_loss", 0, "f32"},
       {"shard_start", 0, "i64"},     {"shard_vocab", 0, "i64"},
-      {"logit_scale", 0, "f32"}};
+      {"logit_scale", 0, "f32"},     {"logit_softcap", 0, "f32"}};
   for (const KernelVariantKey &key : everyKindOfVariant()) {
     SCOPED_TRACE(key.str());
     std::vector<ArgRole> roles = expectedRoles(key);
     std::vector<ArgRole> tensors = tensorRoles(key);
-    ASSERT_EQ(roles.size(), tensors.size() + 7);
+    ASSERT_EQ(roles.size(), tensors.size() + 8);
     EXPECT_TRUE(std::equal(tensors.begin(), tensors.end(), roles.begin()));
     for (size_t i = 0; i < roles.size(); ++i)
       EXPECT_EQ(isValueRole(roles[i]), i >= tensors.size()) << i;
     auto args = canonicalArgs(key);
-    EXPECT_TRUE(std::equal(values.begin(), values.end(), args.end() - 7));
+    EXPECT_TRUE(std::equal(values.begin(), values.end(), args.end() - 8));
     EXPECT_EQ(tensors.back(), ArgRole::Status);
   }
 }
@@ -901,7 +901,7 @@ TEST(ManifestArgs, OrderIsTheAbisOnly) {
     manifestText = withArgs(key, args, int(tensors), offset);
     EXPECT_EQ(fails(manifestText),
               at(offset) + kernel + ".args[" + std::to_string(tensors) +
-                  "]: argument role \"logit_scale\" where this variant "
+                  "]: argument role \"logit_softcap\" where this variant "
                   "takes \"flags\"");
   }
 }

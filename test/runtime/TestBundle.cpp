@@ -66,13 +66,14 @@ canonicalArgs(const KernelVariantKey &key) {
   for (const char *role : {"shard_start", "shard_vocab"})
     args.push_back({role, 0, "i64"});
   args.push_back({"logit_scale", 0, "f32"});
+  args.push_back({"logit_softcap", 0, "f32"});
   return args;
 }
 
 bool isValueArg(const std::string &role) {
   for (const char *value : {"flags", "ignore_index", "label_smoothing",
                             "z_loss", "shard_start", "shard_vocab",
-                            "logit_scale"})
+                            "logit_scale", "logit_softcap"})
     if (role == value)
       return true;
   return false;

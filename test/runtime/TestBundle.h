@@ -42,6 +42,7 @@ struct FakeRecord {
   int64_t shardStart;
   int64_t shardVocab;
   float logitScale;
+  float logitSoftcap;
 };
 
 /// One kernel entry of a manifest.
@@ -54,8 +55,9 @@ struct KernelSpec {
 };
 
 /// The canonical args of `key` per docs/bundle-format.md (version 4): its
-/// tensors, then the seven values by value (flags, ignore_index,
-/// label_smoothing, z_loss, shard_start, shard_vocab, logit_scale; rank 0).
+/// tensors, then the eight values by value (flags, ignore_index,
+/// label_smoothing, z_loss, shard_start, shard_vocab, logit_scale,
+/// logit_softcap; rank 0).
 std::vector<std::tuple<std::string, int, std::string>>
 canonicalArgs(const KernelVariantKey &key);
 /// Whether `role` names one of the value arguments (passed by value).

@@ -168,6 +168,23 @@ const Case kCases[] = {
      "options->logit_scale: must be finite and > 0, got inf"},
     {"logit scale NaN", Fwd, false,
      [](Call &c) { c.options.logit_scale = kNaN; }, "options->logit_scale"},
+    {"logit softcap negative", Fwd, false,
+     [](Call &c) { c.options.logit_softcap = -30.0f; },
+     "options->logit_softcap: must be 0 (no softcap) or finite and > 0 with "
+     "logit_scale / logit_softcap finite, got -30"},
+    {"logit softcap infinite", Bwd, false,
+     [](Call &c) { c.options.logit_softcap = kInf; },
+     "options->logit_softcap: must be 0 (no softcap) or finite and > 0"},
+    {"logit softcap NaN", Fus, false,
+     [](Call &c) { c.options.logit_softcap = kNaN; },
+     "options->logit_softcap"},
+    {"logit scale / softcap overflows", Fwd, false,
+     [](Call &c) {
+       c.options.logit_scale = 1.0e30f;
+       c.options.logit_softcap = 1.0e-30f;
+     },
+     "options->logit_softcap: must be 0 (no softcap) or finite and > 0 with "
+     "logit_scale / logit_softcap finite, got 1.00000003e-30"},
     {"label layout", Fwd, true,
      [](Call &c) { setRawEnum(c.options.label_layout, 7); },
      "options->label_layout: must be CE_LABELS_BS (0) or CE_LABELS_SB (1)"},

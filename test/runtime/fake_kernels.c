@@ -2,9 +2,9 @@
  *
  * Implements the host kernel ABI of docs/bundle-format.md (bundle format
  * version 4: one pointer per tensor, each to an MLIR strided memref
- * descriptor, then the seven option values by value: int64_t flags, int64_t
+ * descriptor, then the eight option values by value: int64_t flags, int64_t
  * ignore_index, float label_smoothing, float z_loss, int64_t shard_start,
- * int64_t shard_vocab, float logit_scale) with trivial bodies whose outputs reveal whether the
+ * int64_t shard_vocab, float logit_scale, float logit_softcap) with trivial bodies whose outputs reveal whether the
  * runtime passed the right descriptors:
  *
  *   loss[t] = 1.5
@@ -55,6 +55,7 @@ typedef struct FakeRecord {
   int64_t shard_start;
   int64_t shard_vocab;
   float logit_scale;
+  float logit_softcap;
 } FakeRecord;
 
 __attribute__((visibility("default"))) FakeRecord ce_fake_record;
@@ -80,15 +81,16 @@ typedef struct Values {
   int64_t flags, ignore_index;
   float label_smoothing, z_loss;
   int64_t shard_start, shard_vocab;
-  float logit_scale;
+  float logit_scale, logit_softcap;
 } Values;
 
 #define VALUE_PARAMS                                                           \
   int64_t flags, int64_t ignore_index, float label_smoothing, float z_loss,    \
-      int64_t shard_start, int64_t shard_vocab, float logit_scale
+      int64_t shard_start, int64_t shard_vocab, float logit_scale,              \
+      float logit_softcap
 #define VALUES                                                                 \
   ((Values){flags, ignore_index, label_smoothing, z_loss, shard_start,         \
-            shard_vocab, logit_scale})
+            shard_vocab, logit_scale, logit_softcap})
 
 enum { FLAG_MEGATRON_LABELS = 1, FLAG_IGNORE_INDEX = 2, FLAG_LSE_LOW = 8 };
 
@@ -101,6 +103,7 @@ static void record(int n, Desc **descs, const int *ranks, Values v) {
   ce_fake_record.shard_start = v.shard_start;
   ce_fake_record.shard_vocab = v.shard_vocab;
   ce_fake_record.logit_scale = v.logit_scale;
+  ce_fake_record.logit_softcap = v.logit_softcap;
   ce_fake_record.num_args = n;
   for (int a = 0; a < n; ++a) {
     ce_fake_record.ranks[a] = ranks[a];
