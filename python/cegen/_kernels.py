@@ -98,6 +98,9 @@ class KernelOptions:
         logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the softmax
             (loss, lse, smoothing and z-loss are of z; the gradient is of x); finite, > 0.
             A kernel argument: it selects no variant (1 costs nothing).
+        logit_softcap: every logit is ``z = cap * tanh(logit_scale * x / cap)`` (0.0: none;
+            ``None`` is taken as 0.0); finite, > 0. A cap selects the softcap kernels
+            (variant key ``softcap=on``), whose value is a kernel argument.
     """
 
     ignore_index: Optional[int] = None
@@ -108,6 +111,7 @@ class KernelOptions:
     shard: Optional[Shard] = None
     label_out_of_range: str = "error"
     logit_scale: float = 1.0
+    logit_softcap: float = 0.0
 
     def __post_init__(self) -> None:
         # Every value is checked and normalized by cegen._validate (a plain int, an f32-rounded
@@ -123,6 +127,15 @@ class KernelOptions:
             raise InvalidInputError(f"shard must be a cegen Shard or None, got {self.shard!r}")
         _validate.label_out_of_range(self.label_out_of_range)
         object.__setattr__(self, "logit_scale", _validate.logit_scale(self.logit_scale))
+        if self.logit_softcap != 0.0:
+            object.__setattr__(self, "logit_softcap",
+                               _validate.logit_softcap(self.logit_softcap))
+        # The kernels take y = x fl(s / cap): it must be a finite float32.
+        if self.logit_softcap != 0.0 and not (self.logit_scale / self.logit_softcap
+                                              <= _validate.F32_MAX):
+            raise InvalidInputError(
+                f"logit_scale / logit_softcap must be finite in float32, got "
+                f"{self.logit_scale!r} / {self.logit_softcap!r}")
 
     def __hash__(self) -> int:
         # The fields' hash, computed once: every launch looks its plan up by a key that
@@ -132,7 +145,7 @@ class KernelOptions:
         if cached is None:
             cached = hash((self.ignore_index, self.label_smoothing, self.z_loss,
                            self.label_layout, self.bundle, self.shard, self.label_out_of_range,
-                           self.logit_scale))
+                           self.logit_scale, self.logit_softcap))
             object.__setattr__(self, "_hash", cached)
         return cached
 
@@ -151,14 +164,16 @@ _OPTIONS_CACHE_SIZE = 256
 
 def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_layout: Any,
                    bundle: Any, label_out_of_range: Any,
-                   logit_scale: Any = 1.0) -> KernelOptions:
+                   logit_scale: Any = 1.0, logit_softcap: Any = 0.0) -> KernelOptions:
     """``KernelOptions(...)`` of these values, validated once per distinct value: a host-time
     saving of the per-call path (the values are plain ints, floats and strings; anything
     else, e.g. a NumPy integer or a 0-d tensor, is validated every time)."""
+    if logit_softcap is None:
+        logit_softcap = 0.0
     values = (ignore_index, label_smoothing, z_loss, label_layout, bundle, label_out_of_range,
-              logit_scale)
+              logit_scale, logit_softcap)
     types = (type(ignore_index), type(label_smoothing), type(z_loss), type(label_layout),
-             type(bundle), type(label_out_of_range), type(logit_scale))
+             type(bundle), type(label_out_of_range), type(logit_scale), type(logit_softcap))
     try:
         entry = _options_cache.get(values)
     except TypeError:  # an unhashable value: validation says what is wrong with it
@@ -168,13 +183,15 @@ def kernel_options(ignore_index: Any, label_smoothing: Any, z_loss: Any, label_l
         return entry[1]
     if not all(kind in _PLAIN_OPTION_TYPES for kind in types):
         return KernelOptions(*values[:5], label_out_of_range=label_out_of_range,
-                             logit_scale=logit_scale)
+                             logit_scale=logit_scale, logit_softcap=logit_softcap)
     # -0.0 == 0.0 in a dict too: a float is made non-negative zero by adding 0.0.
     options = KernelOptions(ignore_index,
                             label_smoothing + 0.0 if types[1] is float else label_smoothing,
                             z_loss + 0.0 if types[2] is float else z_loss, label_layout,
                             bundle, label_out_of_range=label_out_of_range,
-                            logit_scale=logit_scale)
+                            logit_scale=logit_scale,
+                            logit_softcap=logit_softcap + 0.0
+                            if types[7] is float else logit_softcap)
     if len(_options_cache) >= _OPTIONS_CACHE_SIZE:
         _options_cache.clear()
     _options_cache[values] = (types, options)
@@ -354,6 +371,7 @@ def _runtime_options(options: KernelOptions, overwrite: bool) -> Options:
     runtime_options.label_smoothing = options.label_smoothing
     runtime_options.z_loss = options.z_loss
     runtime_options.logit_scale = options.logit_scale
+    runtime_options.logit_softcap = options.logit_softcap
     runtime_options.overwrite_input = 1 if overwrite else 0
     runtime_options.label_layout = LabelLayout.BS if options.label_layout == "bs" else LabelLayout.SB
     if options.shard is not None:
@@ -375,6 +393,7 @@ def _key(op: str, logits: torch.Tensor, labels: torch.Tensor, options: KernelOpt
         z_loss=options.z_loss != 0.0,
         overwrite=overwrite,
         weights="token" if weights == "scalar" else weights,
+        softcap=options.logit_softcap != 0.0,
     )
 
 

@@ -36,9 +36,10 @@ HAS_CUSTOM_OP = hasattr(torch.library, "custom_op") and hasattr(torch.library, "
 
 def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
              label_layout: str, bundle: Optional[str],
-             label_out_of_range: str, logit_scale: float) -> KernelOptions:
+             label_out_of_range: str, logit_scale: float,
+        logit_softcap: float) -> KernelOptions:
     return _kernels.kernel_options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                                   label_out_of_range, logit_scale)
+                                   label_out_of_range, logit_scale, logit_softcap)
 
 
 # -- implementations (schema-friendly signatures: tensors and primitives only) -------------
@@ -47,10 +48,11 @@ def _options(ignore_index: Optional[int], label_smoothing: float, z_loss: float,
 def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
                  bundle: Optional[str], label_out_of_range: str,
-                 logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+                 logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Per-token (loss, lse, lse_low): lse's low part for the backward."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale)
+                       label_out_of_range, logit_scale, logit_softcap)
     loss, lse, lse_low = _kernels.forward(logits, labels, options, low=True)
     return loss, lse, lse_low
 
@@ -58,10 +60,11 @@ def forward_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
 def backward_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                   grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
                   z_loss: float, label_layout: str, bundle: Optional[str],
-                  label_out_of_range: str, logit_scale: float) -> Tensor:
+                  label_out_of_range: str, logit_scale: float,
+        logit_softcap: float) -> Tensor:
     """The gradient in a fresh tensor."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale)
+                       label_out_of_range, logit_scale, logit_softcap)
     grad = _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=False,
                              lse_low=lse_low)
     assert grad is not None
@@ -72,10 +75,11 @@ def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low
                             grad_loss: Tensor, ignore_index: Optional[int],
                             label_smoothing: float, z_loss: float, label_layout: str,
                             bundle: Optional[str], label_out_of_range: str,
-                            logit_scale: float) -> None:
+                            logit_scale: float,
+        logit_softcap: float) -> None:
     """The gradient written over ``logits``."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale)
+                       label_out_of_range, logit_scale, logit_softcap)
     _kernels.backward(logits, labels, lse, grad_loss, options, overwrite=True,
                       lse_low=lse_low)
 
@@ -83,10 +87,11 @@ def backward_overwrite_impl(logits: Tensor, labels: Tensor, lse: Tensor, lse_low
 def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
                bundle: Optional[str], label_out_of_range: str,
-               logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+               logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
     """(loss, lse, weighted gradient in a fresh tensor)."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale)
+                       label_out_of_range, logit_scale, logit_softcap)
     loss, lse, grad = _kernels.fused(logits, labels, weights, options, overwrite=False)
     assert grad is not None
     return loss, lse, grad
@@ -95,10 +100,11 @@ def fused_impl(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 def fused_overwrite_impl(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                          label_layout: str, bundle: Optional[str],
-                         label_out_of_range: str, logit_scale: float) -> Tuple[Tensor, Tensor]:
+                         label_out_of_range: str, logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor]:
     """(loss, lse); the weighted gradient is written over ``logits``."""
     options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale)
+                       label_out_of_range, logit_scale, logit_softcap)
     loss, lse, _ = _kernels.fused(logits, labels, weights, options, overwrite=True)
     return loss, lse
 
@@ -121,7 +127,8 @@ def _token_outputs(logits: Tensor, label_layout: str, count: int = 2) -> Tuple[T
 def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
                  label_smoothing: float, z_loss: float, label_layout: str,
                  bundle: Optional[str], label_out_of_range: str,
-                 logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+                 logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`forward_impl`."""
     loss, lse, lse_low = _token_outputs(logits, label_layout, 3)
     return loss, lse, lse_low
@@ -130,7 +137,8 @@ def forward_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[int],
 def backward_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low: Tensor,
                   grad_loss: Tensor, ignore_index: Optional[int], label_smoothing: float,
                   z_loss: float, label_layout: str, bundle: Optional[str],
-                  label_out_of_range: str, logit_scale: float) -> Tensor:
+                  label_out_of_range: str, logit_scale: float,
+        logit_softcap: float) -> Tensor:
     """Fake of :func:`backward_impl`."""
     return torch.empty_like(logits)
 
@@ -139,7 +147,8 @@ def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low
                             grad_loss: Tensor, ignore_index: Optional[int],
                             label_smoothing: float, z_loss: float, label_layout: str,
                             bundle: Optional[str], label_out_of_range: str,
-                            logit_scale: float) -> None:
+                            logit_scale: float,
+        logit_softcap: float) -> None:
     """Fake of :func:`backward_overwrite_impl`."""
     return None
 
@@ -147,7 +156,8 @@ def backward_overwrite_fake(logits: Tensor, labels: Tensor, lse: Tensor, lse_low
 def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Optional[int],
                label_smoothing: float, z_loss: float, label_layout: str,
                bundle: Optional[str], label_out_of_range: str,
-               logit_scale: float) -> Tuple[Tensor, Tensor, Tensor]:
+               logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor]:
     """Fake of :func:`fused_impl`."""
     loss, lse = _token_outputs(logits, label_layout)
     return loss, lse, torch.empty_like(logits)
@@ -156,7 +166,8 @@ def fused_fake(logits: Tensor, labels: Tensor, weights: Tensor, ignore_index: Op
 def fused_overwrite_fake(logits: Tensor, labels: Tensor, weights: Tensor,
                          ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                          label_layout: str, bundle: Optional[str],
-                         label_out_of_range: str, logit_scale: float) -> Tuple[Tensor, Tensor]:
+                         label_out_of_range: str, logit_scale: float,
+        logit_softcap: float) -> Tuple[Tensor, Tensor]:
     """Fake of :func:`fused_overwrite_impl`."""
     loss, lse = _token_outputs(logits, label_layout)
     return loss, lse

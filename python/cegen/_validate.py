@@ -244,6 +244,16 @@ def logit_scale(value: Any) -> float:
                          "float32)")
 
 
+def logit_softcap(value: Any) -> float:
+    """The logit softcap (every logit is ``z = cap * tanh(s * x / cap)``): None for none
+    (returned as 0.0), else finite, > 0, representable in float32."""
+    if value is None:
+        return 0.0
+    return real_f32("logit_softcap", value, _F32_TINY, F32_MAX,
+                    what=f"None (no softcap) or a finite real number > 0 and at most "
+                         f"{F32_MAX:.9g} (the largest float32)")
+
+
 def label_layout(value: Any) -> str:
     """``"bs"`` or ``"sb"``: the labels' layout for ``[S, B, V]`` logits."""
     return choice("label_layout", value, LABEL_LAYOUTS)

@@ -39,11 +39,19 @@ GradWeights = Union[None, float, int, torch.Tensor]
 BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
 
 
+def _softcap_arg(logit_softcap: Any) -> Any:
+    """The API's ``logit_softcap`` as the kernels' value: ``None`` is 0.0 (none); any other
+    value must be a finite cap > 0 (an explicit 0 is refused, not taken as none)."""
+    if logit_softcap is None:
+        return 0.0
+    return _validate.logit_softcap(logit_softcap)
+
+
 def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
     """The options as the custom ops' trailing arguments, in their schema's order."""
     return (options.ignore_index, options.label_smoothing, options.z_loss,
             options.label_layout, options.bundle, options.label_out_of_range,
-            options.logit_scale)
+            options.logit_scale, options.logit_softcap)
 
 
 # The Functions take the options as separate primitives (not a KernelOptions object) so that
@@ -57,9 +65,10 @@ class _CrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 ignore_index: Optional[int], label_smoothing: float, z_loss: float,
                 label_layout: str, bundle: Optional[str], label_out_of_range: str,
-                logit_scale: float, overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+                logit_scale: float, logit_softcap: float,
+                overwrite: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                   label_out_of_range, logit_scale)
+                   label_out_of_range, logit_scale, logit_softcap)
         loss, lse, lse_low = _library.forward(logits, labels, *op_args)
         ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.op_args = op_args
@@ -78,7 +87,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
             grad = logits.detach()
         else:
             grad = _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None, None
 
 
 class _FusedCrossEntropyFunction(torch.autograd.Function):
@@ -88,10 +97,10 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 weights: torch.Tensor, ignore_index: Optional[int], label_smoothing: float,
                 z_loss: float, label_layout: str, bundle: Optional[str],
-                label_out_of_range: str, logit_scale: float,
+                label_out_of_range: str, logit_scale: float, logit_softcap: float,
                 overwrite: bool) -> torch.Tensor:
         op_args = (ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                   label_out_of_range, logit_scale)
+                   label_out_of_range, logit_scale, logit_softcap)
         if overwrite:
             loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
             bump_version(logits)
@@ -108,7 +117,7 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
-        return _fused_backward(ctx, grad_loss, _library.rescale_fused_gradient, 11)
+        return _fused_backward(ctx, grad_loss, _library.rescale_fused_gradient, 12)
 
 
 def _fused_backward(ctx: Any, grad_loss: torch.Tensor, rescale: Any,
@@ -268,6 +277,7 @@ def cross_entropy_vouched(
     bundle: BundleArg = None,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
+    logit_softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """:func:`cross_entropy` for integrations that measured the logits' references themselves.
 
@@ -278,10 +288,12 @@ def cross_entropy_vouched(
     if is_compiling():
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
-                                     label_out_of_range, logit_scale=logit_scale)
+                                     label_out_of_range, logit_scale=logit_scale,
+                                     logit_softcap=logit_softcap)
     return _eager_cross_entropy(logits, labels, python_refs, vouched_refs, ignore_index,
                                 label_smoothing, z_loss, overwrite_input, label_layout,
-                                grad_weights, bundle, label_out_of_range, 4, logit_scale)
+                                grad_weights, bundle, label_out_of_range, 4, logit_scale,
+                                logit_softcap)
 
 
 def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs: int,
@@ -289,13 +301,15 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
                          z_loss: Any, overwrite_input: Any, label_layout: Any,
                          grad_weights: GradWeights, bundle: BundleArg,
                          label_out_of_range: Any, stacklevel: int,
-                         logit_scale: Any = 1.0) -> torch.Tensor:
+                         logit_scale: Any = 1.0,
+                         logit_softcap: Any = None) -> torch.Tensor:
     """The call when torch.compile is not tracing it (positional arguments: host time).
     ``stacklevel`` names the user's line in a refused-overwrite warning."""
     # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
     options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
                              bundle if bundle is None or type(bundle) is str
-                             else _validate.bundle(bundle), label_out_of_range, logit_scale)
+                             else _validate.bundle(bundle), label_out_of_range, logit_scale,
+                             _softcap_arg(logit_softcap))
     if type(overwrite_input) is not bool:
         overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     if grad_weights is not None:
@@ -338,7 +352,8 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
                           label_smoothing: Any, z_loss: Any, overwrite_input: Any,
                           label_layout: Any, grad_weights: GradWeights, bundle: BundleArg,
                           label_out_of_range: Any, stacklevel: int = 4,
-                          logit_scale: Any = 1.0) -> torch.Tensor:
+                          logit_scale: Any = 1.0,
+                          logit_softcap: Any = None) -> torch.Tensor:
     """What torch.compile traces: the autograd Functions over the custom ops, nothing else.
 
     No Python-side checks or caches here (dynamo would have to trace them; it graph-breaks
@@ -350,7 +365,7 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     if bundle is not None and not isinstance(bundle, str):
         bundle = _validate.bundle(bundle)
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
-               label_out_of_range, float(logit_scale))
+               label_out_of_range, float(logit_scale), float(_softcap_arg(logit_softcap)))
     if not (torch.is_grad_enabled() and logits.requires_grad):
         loss, _, _ = _library.forward(logits, labels, *op_args)
         return loss
@@ -378,6 +393,7 @@ def cross_entropy(
     bundle: BundleArg = None,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
+    logit_softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
 
@@ -412,6 +428,11 @@ def cross_entropy(
             lse, smoothing mean and z-loss are of z, and the gradient is of x
             (``logit_scale`` times that of z). Finite and > 0; a kernel argument, so 1 costs
             nothing.
+        logit_softcap: ``None`` (no softcap) or a cap: every logit is then
+            ``z = logit_softcap * tanh(logit_scale * x / logit_softcap)`` (Gemma's final
+            softcap; the scale first), the loss, lse, smoothing mean and z-loss are of z
+            and the gradient carries ``dz/dx = logit_scale * (1 - tanh^2)``. Finite and
+            > 0. A cap selects the softcap kernels (variant key ``softcap=on``).
 
     Returns:
         The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron).
@@ -431,7 +452,7 @@ def cross_entropy(
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
                                      label_out_of_range, stacklevel=3,
-                                     logit_scale=logit_scale)
+                                     logit_scale=logit_scale, logit_softcap=logit_softcap)
     return _eager_cross_entropy(logits, labels, python_refs, 0, ignore_index, label_smoothing,
                                 z_loss, overwrite_input, label_layout, grad_weights, bundle,
-                                label_out_of_range, 3, logit_scale)
+                                label_out_of_range, 3, logit_scale, logit_softcap)
