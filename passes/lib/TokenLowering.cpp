@@ -152,9 +152,9 @@ LabelInfo CrossEntropyLowering::readLabel(const Token &token) {
   }
   info.target = ifOp.getResult(0);
   if (rows.getLogitSoftcap()) {
-    // The slope from the raw x_y, read before any overwrite.
-    info.targetSlope = rows.softcapSlope(info.target);
-    info.target = rows.softcapLogits(info.target);
+    // z_y and its slope from the raw x_y, read before any overwrite.
+    std::tie(info.target, info.targetSlope) =
+        rows.softcapWithSlope(info.target);
   }
   if (config.status) {
     Value notIgnored = arith::XOrIOp::create(

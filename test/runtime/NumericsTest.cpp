@@ -698,8 +698,9 @@ void checkGrad(Report &report, const Problem &p, const TestTensor &grad,
       if (p.logitSoftcap != 0.0 && std::isfinite(lseUsed[t]))
         zError = std::exp(row[j] - lseUsed[t]) * std::fabs(row[j]) *
                  std::fabs(p.scale[t]);
-      termScale[j] = (termScale[j] + zError) * slope +
-                     slopeError * std::fabs(ref[j]);
+      termScale[j] = (termScale[j] + zError) * slope;
+      if (slopeError != 0.0) // (0 times an infinite gradient is not 0)
+        termScale[j] += slopeError * std::fabs(ref[j]);
       ref[j] *= slope;
     }
     checkGradRow(

@@ -184,7 +184,7 @@ const Case kCases[] = {
        c.options.logit_softcap = 1.0e-30f;
      },
      "options->logit_softcap: must be 0 (no softcap) or finite and > 0 with "
-     "logit_scale / logit_softcap finite, got 1.00000003e-30"},
+     "logit_scale / logit_softcap finite, got 1e-30"},
     {"label layout", Fwd, true,
      [](Call &c) { setRawEnum(c.options.label_layout, 7); },
      "options->label_layout: must be CE_LABELS_BS (0) or CE_LABELS_SB (1)"},

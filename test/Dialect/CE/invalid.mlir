@@ -422,3 +422,22 @@ func.func @logit_scale_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?
   "ce.forward"(%x, %y, %l, %e, %s) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, f64) -> ()
   return
 }
+
+// -----
+
+// A constant logit softcap must be one the runtime accepts: finite and > 0.
+func.func @logit_softcap_zero(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  %c = arith.constant 0.0 : f32
+  // expected-error @+1 {{logit_softcap must be finite and positive, got 0}}
+  ce.forward %x, %y into %l, %e logit_softcap(%c) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @logit_softcap_infinite(%x: memref<?x?xf32>, %y: memref<?xi64>, %e: memref<?xf32>, %g: memref<?xf32>, %d: memref<?x?xf32>) {
+  %c = arith.constant 0x7F800000 : f32
+  // expected-error @+1 {{logit_softcap must be finite and positive, got INF}}
+  ce.backward %x, %y, %e, %g into %d logit_softcap(%c) layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
+  return
+}

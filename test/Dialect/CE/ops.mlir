@@ -95,6 +95,21 @@ func.func @logit_scale(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<?xf32
   return
 }
 
+// The logit softcap, a run-time f32, printed after the logit scale.
+// CHECK-LABEL: func @logit_softcap
+// CHECK-SAME: %[[SC:[^:]*]]: f32, %[[CAP:[^:]*]]: f32, %[[S:[^:]*]]: i64, %[[V:[^:]*]]: i64
+func.func @logit_softcap(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %g: memref<?xf32>, %dx: memref<?x?xbf16>, %stats: memref<?x4xf32>, %scale: f32, %cap: f32, %start: i64, %vocab: i64) {
+  // CHECK: ce.forward {{.*}} logit_scale(%[[SC]]) logit_softcap(%[[CAP]]) layout = flat :
+  ce.forward %x, %y into %loss, %lse logit_scale(%scale) logit_softcap(%cap) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // CHECK: ce.backward {{.*}} shard_bounds(%[[S]], %[[V]]) logit_softcap(%[[CAP]]) layout = flat {shard = #ce.shard<>} :
+  ce.backward %x, %y, %lse, %g into %dx shard_bounds(%start, %vocab) logit_softcap(%cap) layout = flat {shard = #ce.shard<>} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  // CHECK: ce.fused {{.*}} logit_softcap(%[[CAP]]) layout = flat {overwrite_input} :
+  ce.fused %x, %y, %w into %loss, %lse, %x logit_softcap(%cap) layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  // CHECK: ce.shard_stats {{.*}} logit_scale(%[[SC]]) logit_softcap(%[[CAP]]) layout = flat {shard = #ce.shard<>} :
+  ce.shard_stats %x, %y into %stats shard_bounds(%start, %vocab) logit_scale(%scale) logit_softcap(%cap) layout = flat {shard = #ce.shard<>} : memref<?x?xbf16>, memref<?xi64> into memref<?x4xf32>
+  return
+}
+
 // CHECK-LABEL: func @backward_overwrite
 // CHECK-SAME: %[[X:.*]]: memref<?x?x?xbf16>
 func.func @backward_overwrite(%x: memref<?x?x?xbf16>, %y: memref<?x?xi64>, %lse: memref<?x?xf32>, %g: memref<?x?xf32, strided<[0, 0]>>) {
