@@ -161,35 +161,31 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
   switch (key.op) {
   case KernelOp::Forward:
     ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
-                      tensors[4], status,
-                      flags, ignoreIndex, smoothingValue, zLossValue,
-                      shardStart, shardVocab, logitScale, logitSoftcap,
-                      layout, ignore,
-                      smoothing, zLoss, shard);
+                      tensors[4], status, flags, ignoreIndex, smoothingValue,
+                      zLossValue, shardStart, shardVocab, logitScale,
+                      logitSoftcap, layout, ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
     ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
                          ignoreIndex, smoothingValue, zLossValue, shardStart,
-                         shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing,
-                         zLoss, shard);
+                         shardVocab, logitScale, logitSoftcap, layout, ignore,
+                         smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
     // logits, labels, lse, lse_low, grad_loss[, grad], status.
     BackwardOp::create(b, loc, logits, labels, tensors[2], tensors[4],
                        key.overwrite ? logits : tensors[5], tensors[3], status,
-                       flags,
-                       ignoreIndex, smoothingValue, zLossValue, shardStart,
-                       shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing,
-                       zLoss, shard, overwrite);
+                       flags, ignoreIndex, smoothingValue, zLossValue,
+                       shardStart, shardVocab, logitScale, logitSoftcap, layout,
+                       ignore, smoothing, zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
     // logits, labels, weights, loss, lse, lse_low[, grad], status.
     FusedOp::create(b, loc, logits, labels, tensors[2], tensors[3], tensors[4],
                     key.overwrite ? logits : tensors[6], tensors[5], status,
-                    flags,
-                    ignoreIndex, smoothingValue, zLossValue, shardStart,
-                    shardVocab, logitScale, logitSoftcap, layout, ignore, smoothing, zLoss,
-                    shard, overwrite);
+                    flags, ignoreIndex, smoothingValue, zLossValue, shardStart,
+                    shardVocab, logitScale, logitSoftcap, layout, ignore,
+                    smoothing, zLoss, shard, overwrite);
     break;
   case KernelOp::Rescale:
     break; // built above
@@ -263,7 +259,8 @@ public:
              << key.str() << "\" takes " << expected.size()
              << " arguments (its tensors, then flags, ignore_index, "
                 "label_smoothing, z_loss, shard_start, shard_vocab, "
-                "logit_scale and logit_softcap by value), this function " << roles.size();
+                "logit_scale and logit_softcap by value), this function "
+             << roles.size();
     std::vector<EmittedArg> args;
     for (auto [i, role] : llvm::enumerate(roles)) {
       if (role ? *role != expected[i] : !::ce::isValueRole(expected[i]))
@@ -345,7 +342,8 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add(ArgRole::Status, op.getStatus())) &&
         succeeded(roles.add(ArgRole::Flags, op.getFlags())) &&
         succeeded(roles.add(ArgRole::IgnoreIndex, op.getIgnoreIndexValue())) &&
-        succeeded(addIf(ArgRole::LabelSmoothing, op.getLabelSmoothingValue())) &&
+        succeeded(
+            addIf(ArgRole::LabelSmoothing, op.getLabelSmoothingValue())) &&
         succeeded(addIf(ArgRole::ZLoss, op.getZLossValue())) &&
         succeeded(addIf(ArgRole::ShardStart, op.getShardStart())) &&
         succeeded(addIf(ArgRole::ShardVocab, op.getShardVocab())) &&

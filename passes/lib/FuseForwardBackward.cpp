@@ -139,15 +139,15 @@ struct CEFuseForwardBackwardPass
       }
       OpBuilder builder(fwd);
       Value status = fwd.getStatus() ? fwd.getStatus() : bwd.getStatus();
-      FusedOp::create(builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
-                      bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(),
-                      bwd.getGrad(), fwd.getLseLow(), status, fwd.getFlags(),
-                      fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
-                      fwd.getZLossValue(), fwd.getShardStart(),
-                      fwd.getShardVocab(), fwd.getLogitScale(), fwd.getLogitSoftcap(),
-                      fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
-                      fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(),
-                      fwd.getShardAttr(), bwd.getOverwriteInputAttr());
+      FusedOp::create(
+          builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
+          bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(), bwd.getGrad(),
+          fwd.getLseLow(), status, fwd.getFlags(), fwd.getIgnoreIndexValue(),
+          fwd.getLabelSmoothingValue(), fwd.getZLossValue(),
+          fwd.getShardStart(), fwd.getShardVocab(), fwd.getLogitScale(),
+          fwd.getLogitSoftcap(), fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
+          fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(), fwd.getShardAttr(),
+          bwd.getOverwriteInputAttr());
       bwd.erase();
       fwd.erase();
     }

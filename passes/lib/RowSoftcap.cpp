@@ -33,8 +33,7 @@ constexpr float kTanhP[] = {1.0f,
                             -2.0225375152449487e-08f,
                             5.2780238513072675e-11f,
                             -8.488912697779405e-14f};
-constexpr float kTanhQ[] = {1.0f, 0.46417340636253357f,
-                            0.024495191872119904f,
+constexpr float kTanhQ[] = {1.0f, 0.46417340636253357f, 0.024495191872119904f,
                             0.0002546150062698871f};
 } // namespace
 
@@ -72,8 +71,8 @@ Value RowLoopBuilder::buildTanh(Value y) {
 }
 
 Value RowLoopBuilder::softcapTanh(Value x) {
-  return buildTanh(arith::MulFOp::create(
-      b, x, shapedLike(b, softcapInner, x.getType())));
+  return buildTanh(
+      arith::MulFOp::create(b, x, shapedLike(b, softcapInner, x.getType())));
 }
 
 Value RowLoopBuilder::softcapLogits(Value x) {
@@ -89,7 +88,8 @@ std::pair<Value, Value> RowLoopBuilder::softcapWithSlope(Value x) {
   Value z = arith::MulFOp::create(b, t, shapedLike(b, softcap, type));
   // 1 - t^2 in one rounding; at least 0 (|t| may pass 1 by an ulp).
   Value slope = arith::MaximumFOp::create(
-      b, math::FmaOp::create(b, arith::NegFOp::create(b, t), t, f32(1.0f, type)),
+      b,
+      math::FmaOp::create(b, arith::NegFOp::create(b, t), t, f32(1.0f, type)),
       f32(0.0f, type));
   if (softcapScale)
     slope = arith::MulFOp::create(b, slope, shapedLike(b, softcapScale, type));

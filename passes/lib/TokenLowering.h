@@ -88,7 +88,7 @@ struct LabelInfo {
   Value ignored; ///< i1: label == ignore_index (false without one)
   Value column;  ///< i64: the label's column in the local row
   Value inRow;   ///< i1: 0 <= column < V_local (== valid unless sharded)
-  Value target;  ///< f32: z[column] when inRow, else 0 (z = x without a softcap)
+  Value target; ///< f32: z[column] when inRow, else 0 (z = x without a softcap)
   /// f32 dz/dx at the target (a softcap's chain-rule factor), or null.
   Value targetSlope;
 };

@@ -135,9 +135,8 @@ Status checkOptions(const ce_options &options) {
   // A softcap z = cap tanh(s x / cap): 0 is none; a cap must be finite and
   // positive, and s / cap finite (the kernels take y = x fl(s / cap)).
   float softcap = options.logit_softcap;
-  if (softcap != 0.0f &&
-      (!std::isfinite(softcap) || !(softcap > 0.0f) ||
-       !std::isfinite(logitScale / softcap)))
+  if (softcap != 0.0f && (!std::isfinite(softcap) || !(softcap > 0.0f) ||
+                          !std::isfinite(logitScale / softcap)))
     return invalid("options->logit_softcap",
                    "must be 0 (no softcap) or finite and > 0 with "
                    "logit_scale / logit_softcap finite, got " +

@@ -400,7 +400,10 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
        "unexpected argument role \"flags\" after the last one, "
        "\"logit_softcap\""},
       // A list without the logit scale (bundle format 4 before issue 17).
-      {with([](Args &a) { a.pop_back(); a.pop_back(); }),
+      {with([](Args &a) {
+         a.pop_back();
+         a.pop_back();
+       }),
        "missing argument role \"logit_scale\""},
       // A list without the logit softcap (before the softcap kernels).
       {with([](Args &a) { a.pop_back(); }),

@@ -71,9 +71,9 @@ canonicalArgs(const KernelVariantKey &key) {
 }
 
 bool isValueArg(const std::string &role) {
-  for (const char *value : {"flags", "ignore_index", "label_smoothing",
-                            "z_loss", "shard_start", "shard_vocab",
-                            "logit_scale", "logit_softcap"})
+  for (const char *value :
+       {"flags", "ignore_index", "label_smoothing", "z_loss", "shard_start",
+        "shard_vocab", "logit_scale", "logit_softcap"})
     if (role == value)
       return true;
   return false;

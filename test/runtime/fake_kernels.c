@@ -4,8 +4,8 @@
  * version 4: one pointer per tensor, each to an MLIR strided memref
  * descriptor, then the eight option values by value: int64_t flags, int64_t
  * ignore_index, float label_smoothing, float z_loss, int64_t shard_start,
- * int64_t shard_vocab, float logit_scale, float logit_softcap) with trivial bodies whose outputs reveal whether the
- * runtime passed the right descriptors:
+ * int64_t shard_vocab, float logit_scale, float logit_softcap) with trivial
+ *bodies whose outputs reveal whether the runtime passed the right descriptors:
  *
  *   loss[t] = 1.5
  *   lse[t]  = 2.5 + logits[row(t)][label[t]]       (forward, fused)
@@ -16,8 +16,8 @@
  *
  * where weight(t) reads the token-shaped weights descriptor at its strides
  * (a scalar weight arrives with strides 0: fused kernels take per-token
- * weights only), and row(t) maps the linear token index t (row-major over the labels'
- * shape T) to its logits row per layout. A label outside [0, V) stores
+ * weights only), and row(t) maps the linear token index t (row-major over the
+ *labels' shape T) to its logits row per layout. A label outside [0, V) stores
  * 1 + t in status (the first such token) and NaN as that token's outputs,
  * as the contract asks, with the contract's two exceptions, which read the
  * value arguments: with flag bit 1 (kFlagIgnoreIndex) a label equal to
@@ -86,7 +86,7 @@ typedef struct Values {
 
 #define VALUE_PARAMS                                                           \
   int64_t flags, int64_t ignore_index, float label_smoothing, float z_loss,    \
-      int64_t shard_start, int64_t shard_vocab, float logit_scale,              \
+      int64_t shard_start, int64_t shard_vocab, float logit_scale,             \
       float logit_softcap
 #define VALUES                                                                 \
   ((Values){flags, ignore_index, label_smoothing, z_loss, shard_start,         \

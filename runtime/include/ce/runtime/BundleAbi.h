@@ -85,8 +85,8 @@ inline constexpr int kNumArgRoles = static_cast<int>(ArgRole::LogitSoftcap) + 1;
 /// The value arguments every kernel takes after its tensors, in this order
 /// (a kernel ignores those its variant does not use).
 inline constexpr ArgRole kValueRoles[] = {
-    ArgRole::Flags,  ArgRole::IgnoreIndex, ArgRole::LabelSmoothing,
-    ArgRole::ZLoss, ArgRole::ShardStart,  ArgRole::ShardVocab,
+    ArgRole::Flags,      ArgRole::IgnoreIndex, ArgRole::LabelSmoothing,
+    ArgRole::ZLoss,      ArgRole::ShardStart,  ArgRole::ShardVocab,
     ArgRole::LogitScale, ArgRole::LogitSoftcap};
 
 /// Whether `role` is passed by value (one of kValueRoles).

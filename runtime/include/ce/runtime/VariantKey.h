@@ -198,7 +198,7 @@ struct KernelVariantKey {
 inline std::optional<KernelVariantKey>
 parseKernelVariantKey(std::string_view text) {
   static constexpr const char *fieldNames[] = {
-      "op",     "logits", "labels",    "layout", "label_smoothing",
+      "op",     "logits",    "labels",  "layout", "label_smoothing",
       "z_loss", "overwrite", "weights", "softcap"};
   constexpr size_t numFields = sizeof(fieldNames) / sizeof(fieldNames[0]);
   std::string_view values[numFields];
