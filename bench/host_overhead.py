@@ -132,7 +132,8 @@ def measure(torch: Any, cegen: Any, device: Any, *, tokens: int = 64, vocab: int
     if not stages:
         return result
 
-    args = (ignore_index, 0.0, 0.0, "bs", bundle, "error")
+    # ..., label_out_of_range, logit_scale, logit_softcap
+    args = (ignore_index, 0.0, 0.0, "bs", bundle, "error", 1.0, 0.0)
     options = _kernels.kernel_options(*args)
     where = _kernels._device_of(logits, "logits")
     loss, lse = _kernels.forward(logits, labels, options)

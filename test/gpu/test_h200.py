@@ -1349,7 +1349,8 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
     s_len, b_len, v = 32, 4, 32000
     key = make_key("forward", "bf16", "i64", "sbv_bs")
     failures: List[str] = []
-    args = (-100, 0.0, 0.0, "bs", None, "error", 1.0)  # ..., label_out_of_range, logit_scale
+    # ..., label_out_of_range, logit_scale, logit_softcap
+    args = (-100, 0.0, 0.0, "bs", None, "error", 1.0, 0.0)
     static_logits = torch.zeros((s_len, b_len, v), dtype=torch.bfloat16, device=dev)
     static_labels = torch.zeros((b_len, s_len), dtype=torch.int64, device=dev)
     static_grad_loss = torch.ones((b_len, s_len), device=dev)
@@ -1417,7 +1418,7 @@ def part_graph(h: Harness, seed: int, results: Dict) -> None:
         other = torch.cuda.CUDAGraph()
         with torch.cuda.graph(other):
             loss16, _, _ = _library.forward(logits16, labels16, None, fresh_key.label_smoothing,
-                                         fresh_key.z_loss, "bs", None, "error", 1.0)
+                                         fresh_key.z_loss, "bs", None, "error", 1.0, 0.0)
         other.replay()
         torch.cuda.synchronize()
         ref16, _ = torch_reference(logits16, labels16, fresh_key, "bs")

@@ -263,23 +263,24 @@ class TestFakeImplementations(unittest.TestCase):
         logits = torch.empty((5, 3, 11), dtype=torch.bfloat16, device="meta")
         labels = torch.empty((3, 5), dtype=torch.int64, device="meta")
         loss, lse, low = _library.forward_fake(logits, labels, None, 0.0, 0.0, "bs", None, "error",
-                                               1.0)
+                                               1.0, 0.0)
         self.assertEqual((tuple(loss.shape), loss.dtype, loss.device.type), ((3, 5), torch.float32, "meta"))
         self.assertEqual(tuple(lse.shape), (3, 5))
         self.assertEqual((tuple(low.shape), low.dtype), ((3, 5), torch.float32))
         grad = _library.backward_fake(logits, labels, lse, low, loss, None, 0.0, 0.0, "bs", None,
-                                      "megatron", 2.0)
+                                      "megatron", 2.0, 30.0)
         self.assertEqual((tuple(grad.shape), grad.dtype), ((5, 3, 11), torch.bfloat16))
         loss, lse, grad = _library.fused_fake(logits, labels, torch.empty((), device="meta"), None, 0.0,
-                                              0.0, "sb", None, "megatron", 0.5)
+                                              0.0, "sb", None, "megatron", 0.5, 0.0)
         self.assertEqual(tuple(loss.shape), (5, 3))
         self.assertEqual(tuple(grad.shape), (5, 3, 11))
         self.assertIsNone(_library.backward_overwrite_fake(logits, labels, lse, low, loss, None, 0.0,
-                                                           0.0, "bs", None, "error", 1.0))
+                                                           0.0, "bs", None, "error", 1.0,
+                                                           0.0))
         flat = torch.empty((7, 11), dtype=torch.float16, device="meta")
         loss, _ = _library.fused_overwrite_fake(flat, torch.empty((7,), dtype=torch.int32, device="meta"),
                                                 torch.empty((), device="meta"), None, 0.0, 0.0, "bs", None,
-                                                "megatron", 1.0)
+                                                "megatron", 1.0, 0.0)
         self.assertEqual(tuple(loss.shape), (7,))
 
     def test_every_op_takes_the_label_policy_and_logit_scale(self) -> None:
@@ -289,10 +290,12 @@ class TestFakeImplementations(unittest.TestCase):
             for function in (impl, fake):
                 with self.subTest(op=name, function=function.__name__):
                     parameters = list(inspect.signature(function).parameters)
-                    self.assertEqual(parameters[-2:], ["label_out_of_range", "logit_scale"])
+                    self.assertEqual(parameters[-3:],
+                                     ["label_out_of_range", "logit_scale", "logit_softcap"])
             if cegen.HAS_CUSTOM_OP:
                 schema = str(getattr(torch.ops.cegen, name).default._schema)
-                self.assertIn("str label_out_of_range, float logit_scale", schema)
+                self.assertIn("str label_out_of_range, float logit_scale, float logit_softcap",
+                              schema)
 
     def test_mutation_is_declared(self) -> None:
         mutated = {name: mutates for name, _, _, mutates in _library._SPECS}
