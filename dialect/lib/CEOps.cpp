@@ -272,6 +272,8 @@ LogicalResult ForwardOp::verify() {
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
       failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)))
     return failure();
@@ -280,6 +282,8 @@ LogicalResult ForwardOp::verify() {
       {{"loss", getLoss()},
        {"lse", getLse()},
        {"lse_low", getLseLow()},
+       {"entropy", getEntropy()},
+       {"argmax", getArgmax()},
        {"status", getStatus()}});
 }
 
@@ -315,7 +319,9 @@ LogicalResult FusedOp::verify() {
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
-      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})))
+      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})))
     return failure();
   if (getWeights().getType().getRank() != 0 &&
       failed(verifier.verifyTokenOperand({"weights", getWeights()})))
@@ -332,6 +338,8 @@ LogicalResult FusedOp::verify() {
                                    {{"loss", getLoss()},
                                     {"lse", getLse()},
                                     {"lse_low", getLseLow()},
+                                    {"entropy", getEntropy()},
+                                    {"argmax", getArgmax()},
                                     {"grad", getGrad()},
                                     {"status", getStatus()}});
 }

@@ -80,6 +80,8 @@ CE_EXPORT void ce_options_init(ce_options *options) {
   options->label_policy = CE_LABEL_POLICY_STRICT;
   options->lse_low = nullptr;
   options->logit_scale = 1.0f;
+  options->entropy = nullptr;
+  options->argmax = nullptr;
 }
 
 CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {

@@ -69,14 +69,19 @@ struct LaunchPlan {
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
 
   /// Whether a kernel argument of `role` gets a tensor, and which: its own,
-  /// or for an absent lse_low the lse view as a placeholder (kFlagLseLow
-  /// unset: the kernel neither writes nor uses it).
+  /// or for an absent lse_low, entropy or argmax the lse view as a
+  /// placeholder (its flag bit unset: the kernel neither writes nor uses
+  /// it).
   bool provides(ArgRole role) const {
-    return has(role) || (role == ArgRole::LseLow && has(ArgRole::Lse));
+    return has(role) || (isOptional(role) && has(ArgRole::Lse));
   }
   const ce_tensor &argument(ArgRole role) const {
-    return role == ArgRole::LseLow && !has(role) ? tensor(ArgRole::Lse)
-                                                 : tensor(role);
+    return isOptional(role) && !has(role) ? tensor(ArgRole::Lse)
+                                          : tensor(role);
+  }
+  static bool isOptional(ArgRole role) {
+    return role == ArgRole::LseLow || role == ArgRole::Entropy ||
+           role == ArgRole::Argmax;
   }
 
   /// The kernel's value arguments (docs/bundle-format.md).
@@ -90,6 +95,10 @@ struct LaunchPlan {
     }
     if (has(ArgRole::LseLow))
       values.flags |= kFlagLseLow;
+    if (has(ArgRole::Entropy))
+      values.flags |= kFlagEntropy;
+    if (has(ArgRole::Argmax))
+      values.flags |= kFlagArgmax;
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
     values.logitScale = options.logit_scale;

@@ -1,0 +1,132 @@
+//===- RowOutputs.cpp - The per-token outputs sweep -----------------------===//
+//
+// The sweep that ce.forward and ce.fused run after the statistics when the
+// entropy or argmax output is asked for (flag bits 4 and 5): each row's
+// entropy of softmax(z), as sum_j p_j (lse - z_j), and the lowest index of
+// its maximum, from the statistics sweep's maximum and log-sum.
+//
+//===----------------------------------------------------------------------===//
+
+#include "RowLoopBuilder.h"
+#include "RowLoopInternal.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::ce;
+using namespace mlir::ce::detail;
+
+RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
+                                             Value rowMax, Value logSum) {
+  Type i32 = b.getI32Type();
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  auto indexType = VectorType::get({vectorWidth}, i32);
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  // log2 p_j = (x_j - m) fl(s log2 e) - L log2 e: the subtraction exact near
+  // the maximum, as the fused gradient's exponent. A term is p log2 p, 0
+  // where p is (a -inf logit's p = 0 would make it 0 * -inf).
+  Value negLog2Sum = arith::MulFOp::create(b, logSum, f32(-kLog2E));
+  auto terms = [&](Value x, Value indices, Type type,
+                   Type idxType) -> std::pair<Value, Value> {
+    auto splat = [&](Value s, Type t) -> Value {
+      return isa<VectorType>(t) ? vector::BroadcastOp::create(b, t, s)
+                                : s;
+    };
+    Value log2p = math::FmaOp::create(
+        b, arith::SubFOp::create(b, x, splat(rowMax, type)), scaledLog2E(type),
+        splat(negLog2Sum, type));
+    Value p = math::Exp2Op::create(b, log2p);
+    Value positive = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, p,
+                                           f32(0.0f, type));
+    Value term = arith::SelectOp::create(
+        b, positive, arith::MulFOp::create(b, p, log2p), f32(0.0f, type));
+    Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
+                                        splat(rowMax, type));
+    Value none = arith::ConstantOp::create(
+        b, idxType,
+        isa<VectorType>(idxType)
+            ? cast<TypedAttr>(DenseElementsAttr::get(
+                  cast<ShapedType>(idxType), b.getI32IntegerAttr(kNone)))
+            : cast<TypedAttr>(b.getI32IntegerAttr(kNone)));
+    Value candidate = arith::SelectOp::create(b, isMax, indices, none);
+    return {term, candidate};
+  };
+  auto toI32 = [&](Value offset) -> Value {
+    return arith::IndexCastOp::create(b, i32, offset);
+  };
+  SmallVector<int32_t> lanes(vectorWidth);
+  for (unsigned k = 0; k < vectorWidth; ++k)
+    lanes[k] = static_cast<int32_t>(k);
+  Value iota = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
+  Value noneVector = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, kNone));
+  RowRange range = rangeOf(row, vocab);
+  SmallVector<Value> vectorState = buildVectorLoops(
+      range, {f32(0.0f, vectorType), noneVector},
+      [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+          ValueRange state) -> SmallVector<Value> {
+        // Load the whole step first so the loads are in flight together.
+        SmallVector<Value, 8> xs;
+        for (Value offset : offsets)
+          xs.push_back(widen(loadRawVector(row, offset)));
+        Value sum = state[0], best = state[1];
+        for (auto [k, x] : llvm::enumerate(xs)) {
+          Value indices = arith::AddIOp::create(
+              b, vector::BroadcastOp::create(b, indexType, toI32(offsets[k])),
+              iota);
+          auto [term, candidate] = terms(x, indices, vectorType, indexType);
+          if (!valid.empty()) {
+            term = arith::SelectOp::create(b, valid[k], term,
+                                           f32(0.0f, vectorType));
+            candidate =
+                arith::SelectOp::create(b, valid[k], candidate, noneVector);
+          }
+          sum = arith::AddFOp::create(b, sum, term);
+          best = arith::MinSIOp::create(b, best, candidate);
+        }
+        return {sum, best};
+      },
+      /*lastFirst=*/threads.enabled());
+  Value sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
+                                          vectorState[0]);
+  Value best = vector::ReductionOp::create(b, vector::CombiningKind::MINSI,
+                                           vectorState[1]);
+  SmallVector<Value> scalarState = buildScalarLoops(
+      range, vocab, {sum, best},
+      [&](Value j, ValueRange state) -> SmallVector<Value> {
+        Value x = loadElement(row, j);
+        auto [term, candidate] = terms(x, toI32(j), b.getF32Type(), i32);
+        return {arith::AddFOp::create(b, state[0], term),
+                arith::MinSIOp::create(b, state[1], candidate)};
+      });
+  sum = allReduceSum(scalarState[0]);
+  best = allReduceMinIndex(scalarState[1]);
+  RowOutputs outputs;
+  // H = -ln 2 sum_j p_j log2 p_j; NaN where lse is not finite (a NaN or
+  // +inf logit, or no logit above -inf).
+  Value lse = arith::AddFOp::create(b, scaleLogits(rowMax), logSum);
+  Value finite = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                       math::AbsFOp::create(b, lse), f32(kInf));
+  outputs.entropy = arith::SelectOp::create(
+      b, finite, arith::MulFOp::create(b, sum, f32(-kLn2)),
+      f32(std::numeric_limits<float>::quiet_NaN()));
+  // No element equals a NaN maximum (-1), or the -FLT_MAX of a row with no
+  // value above -inf (all tie: 0).
+  Type i64 = b.getI64Type();
+  Value found = arith::CmpIOp::create(
+      b, arith::CmpIPredicate::ne, best,
+      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNone)));
+  Value index = arith::SelectOp::create(
+      b, found, arith::ExtSIOp::create(b, i64, best),
+      arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
+  Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, rowMax,
+                                      rowMax);
+  outputs.argmax = arith::SelectOp::create(
+      b, isNaN, arith::ConstantOp::create(b, b.getI64IntegerAttr(-1)), index);
+  return outputs;
+}
