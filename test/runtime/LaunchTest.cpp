@@ -119,22 +119,24 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
 
   const FakeRecord &r = bundle.record();
   ASSERT_EQ(r.calls, 1);
-  ASSERT_EQ(r.numArgs, 6);
-  // Without options->lse_low its argument is the lse's own view, and flag
-  // bit 3 is off: the kernel neither writes nor reads it.
+  ASSERT_EQ(r.numArgs, 8);
+  // Without options->lse_low, entropy and argmax their arguments are the
+  // lse's own view, and flag bits 3 to 5 are off: the kernel neither writes
+  // nor reads them.
   void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(),
-                  p.lse.data(), p.lse.data()};
-  int ranks[] = {2, 1, 1, 1, 1, 1};
-  for (int a = 0; a < 6; ++a) {
+                  p.lse.data(),    p.lse.data(),    p.lse.data(),
+                  p.lse.data()};
+  int ranks[] = {2, 1, 1, 1, 1, 1, 1, 1};
+  for (int a = 0; a < 8; ++a) {
     SCOPED_TRACE(a);
     EXPECT_EQ(r.ranks[a], ranks[a]);
     EXPECT_EQ(r.offsets[a], 0);
     EXPECT_EQ(r.allocated[a], r.aligned[a]);
-    if (a < 5) {
+    if (a < 7) {
       EXPECT_EQ(r.aligned[a], data[a]);
     }
   }
-  EXPECT_EQ(r.flags & kFlagLseLow, 0);
+  EXPECT_EQ(r.flags & (kFlagLseLow | kFlagEntropy | kFlagArgmax), 0);
   EXPECT_EQ(r.sizes[0][0], p.n);
   EXPECT_EQ(r.sizes[0][1], p.v);
   EXPECT_EQ(r.strides[0][0], p.rowStride);
@@ -144,8 +146,10 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   EXPECT_EQ(r.strides[2][0], 2);
   EXPECT_EQ(r.strides[3][0], 1);
   EXPECT_EQ(r.strides[4][0], 1);
-  EXPECT_EQ(r.sizes[5][0], 1);   // status
-  EXPECT_EQ(r.strides[5][0], 1); // status
+  EXPECT_EQ(r.strides[5][0], 1);
+  EXPECT_EQ(r.strides[6][0], 1);
+  EXPECT_EQ(r.sizes[7][0], 1);   // status
+  EXPECT_EQ(r.strides[7][0], 1); // status
   EXPECT_EQ(r.statusOnEntry, 0); // the runtime zeroes it
 
   for (int64_t i = 0; i < p.n; ++i) {
@@ -171,7 +175,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 6);
+  ASSERT_EQ(r.numArgs, 8);
   EXPECT_EQ(r.aligned[4], low.data());
   EXPECT_EQ(r.strides[4][0], 2);
   EXPECT_EQ(r.flags & kFlagLseLow, kFlagLseLow);
@@ -201,7 +205,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
                      &p.tLoss, &p.tLse, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
-  ASSERT_EQ(r.numArgs, 8);
+  ASSERT_EQ(r.numArgs, 10);
   EXPECT_EQ(r.aligned[5], low.data());
   EXPECT_EQ(low[2 * (p.n - 1)], 0.125f + (p.n - 1));
 
@@ -282,7 +286,7 @@ TEST(Launch, OptionValuesArePassedByValue) {
                        &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 6); // the descriptors
+  EXPECT_EQ(bundle.record().numArgs, 8); // the descriptors
   // Unsharded, every kernel is passed the slice [0, V) of V.
   expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
                                         -7, 0.125f, 3.0e-4f, 0, p.v, 2.75f});
@@ -528,7 +532,7 @@ TEST(Launch, ArgumentsInAnotherOrderAreRefusedAtOpen) {
   // C signature is fixed), so the bundle does not open, and no kernel is
   // called with arguments in the wrong places.
   auto reversed = canonicalArgs(forwardKey());
-  std::reverse(reversed.begin(), reversed.begin() + 6);
+  std::reverse(reversed.begin(), reversed.begin() + 8);
   TempDir dir;
   dir.copyFakeKernels();
   dir.write("manifest.json",
@@ -733,7 +737,7 @@ TEST(Launch, FusedScalarAndTokenWeights) {
               CE_OK)
         << ce_last_error_message();
     const FakeRecord &r = bundle.record();
-    ASSERT_EQ(r.numArgs, 8);
+    ASSERT_EQ(r.numArgs, 10);
     EXPECT_EQ(r.ranks[2], 1);
     EXPECT_EQ(r.aligned[2], &weight);
     EXPECT_EQ(r.offsets[2], 0);
@@ -786,7 +790,7 @@ TEST(Launch, ScalarWeightOnSbvLabelsIsATokenDescriptorOfStrideZero) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 8);
+  ASSERT_EQ(r.numArgs, 10);
   EXPECT_EQ(r.ranks[2], 2);
   EXPECT_EQ(r.aligned[2], &weight);
   EXPECT_EQ(r.sizes[2][0], p.b);
@@ -831,7 +835,7 @@ TEST(Launch, FusedOverwrite) {
                      &p.tLoss, &p.tLse, nullptr, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 7);
+  EXPECT_EQ(bundle.record().numArgs, 9);
   EXPECT_EQ(p.logits[2 * p.rowStride + 1], 3.0f);
   // The forward part read the logits before overwriting them.
   EXPECT_EQ(p.loss[0], 1.5f);
