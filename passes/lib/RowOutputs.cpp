@@ -3,7 +3,8 @@
 // The sweep that ce.forward and ce.fused run after the statistics when the
 // entropy or argmax output is asked for (flag bits 4 and 5): each row's
 // entropy of softmax(z), as sum_j p_j (lse - z_j), and the lowest index of
-// its maximum, from the statistics sweep's maximum and log-sum.
+// its maximum (-1 where it has a NaN), from the statistics sweep's maximum and
+// log-sum.
 //
 //===----------------------------------------------------------------------===//
 
@@ -52,7 +53,17 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
             ? cast<TypedAttr>(DenseElementsAttr::get(
                   cast<ShapedType>(idxType), b.getI32IntegerAttr(kNone)))
             : cast<TypedAttr>(b.getI32IntegerAttr(kNone)));
-    Value candidate = arith::SelectOp::create(b, isMax, indices, none);
+    // A NaN element is -1, below every index: the row's argmax is then -1
+    // whatever the statistics' maximum says (a vector maximum may drop NaNs).
+    Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, x, x);
+    Value minusOne = arith::ConstantOp::create(
+        b, idxType,
+        isa<VectorType>(idxType)
+            ? cast<TypedAttr>(DenseElementsAttr::get(cast<ShapedType>(idxType),
+                                                     b.getI32IntegerAttr(-1)))
+            : cast<TypedAttr>(b.getI32IntegerAttr(-1)));
+    Value candidate = arith::SelectOp::create(
+        b, isNaN, minusOne, arith::SelectOp::create(b, isMax, indices, none));
     return {term, candidate};
   };
   auto toI32 = [&](Value offset) -> Value {
@@ -115,18 +126,14 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
   outputs.entropy = arith::SelectOp::create(
       b, finite, arith::MulFOp::create(b, sum, f32(-kLn2)),
       f32(std::numeric_limits<float>::quiet_NaN()));
-  // No element equals a NaN maximum (-1), or the -FLT_MAX of a row with no
+  // -1: the row has a NaN. No element equals the -FLT_MAX of a row with no
   // value above -inf (all tie: 0).
   Type i64 = b.getI64Type();
   Value found = arith::CmpIOp::create(
       b, arith::CmpIPredicate::ne, best,
       arith::ConstantOp::create(b, b.getI32IntegerAttr(kNone)));
-  Value index = arith::SelectOp::create(
+  outputs.argmax = arith::SelectOp::create(
       b, found, arith::ExtSIOp::create(b, i64, best),
       arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
-  Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, rowMax,
-                                      rowMax);
-  outputs.argmax = arith::SelectOp::create(
-      b, isNaN, arith::ConstantOp::create(b, b.getI64IntegerAttr(-1)), index);
   return outputs;
 }

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 4
+CE_RUNTIME_BUNDLE_VERSION = 5
 
 
 class Status:
@@ -157,6 +157,9 @@ class Options(ctypes.Structure):
         ("lse_low", ctypes.c_void_p),
         # z = logit_scale * x before the softmax (1: none).
         ("logit_scale", ctypes.c_float),
+        # Optional outputs of forward and fused (NULL: not computed).
+        ("entropy", ctypes.c_void_p),
+        ("argmax", ctypes.c_void_p),
     ]
 
 

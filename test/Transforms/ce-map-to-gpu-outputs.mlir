@@ -4,13 +4,13 @@
 // one more sweep of the row only where flag bit 4 or 5 is set. Per vector:
 // log2 p = (x - max) fl(s log2 e) - log(S) log2 e, the term p log2 p (0
 // where p is 0), and the lane's index where x equals the maximum (else
-// INT32_MAX), kept by a vector minsi; then the threads' sums and smallest
-// indices are combined (xor shuffles of the i32, workgroup slots by its
-// bits). A NaN maximum gives -1, no index found (an all -inf row) 0.
+// INT32_MAX; -1 for a NaN), kept by a vector minsi; then the threads' sums
+// and smallest indices are combined (xor shuffles of the i32, workgroup slots
+// by its bits). No index found (an all -inf row) gives 0.
 
 // CHECK-LABEL: gpu.func @forward
 // CHECK-DAG: %[[NONE:.*]] = arith.constant 2147483647 : i32
-// CHECK-DAG: %[[MINUS1:.*]] = arith.constant -1 : i64
+// CHECK-DAG: %[[MINUS1:.*]] = arith.constant dense<-1> : vector<8xi32>
 // CHECK: memref.store %{{.*}}, %arg3[%block_id_x]
 // CHECK: %[[B4:.*]] = arith.andi %arg6, %c16_i64 : i64
 // CHECK: %[[B5:.*]] = arith.andi %arg6, %c32_i64 : i64
@@ -19,6 +19,8 @@
 // CHECK: math.exp2 %{{.*}} : vector<8xf32>
 // CHECK: arith.cmpf ogt, %{{.*}} : vector<8xf32>
 // CHECK: arith.cmpf oeq, %{{.*}} : vector<8xf32>
+// CHECK: %[[NAN:.*]] = arith.cmpf uno, %{{.*}} : vector<8xf32>
+// CHECK: arith.select %[[NAN]], %[[MINUS1]], %{{.*}} : vector<8xi1>, vector<8xi32>
 // CHECK: arith.minsi %{{.*}} : vector<8xi32>
 // CHECK: vector.reduction <minsi>, %{{.*}} : vector<8xi32> into i32
 // CHECK: gpu.shuffle  xor %{{.*}} : f32
@@ -28,7 +30,7 @@
 // CHECK: gpu.barrier
 // CHECK: arith.bitcast %{{.*}} : f32 to i32
 // CHECK: %[[FOUND:.*]] = arith.cmpi ne, %{{.*}}, %[[NONE]] : i32
-// CHECK: arith.select %{{.*}}, %[[MINUS1]], %{{.*}} : i64
+// CHECK: arith.select %[[FOUND]], %{{.*}}, %{{.*}} : i64
 // CHECK: memref.store %{{.*}}, %arg4[%block_id_x] : memref<?xf32
 // CHECK: memref.store %{{.*}}, %arg5[%block_id_x] : memref<?xi64
 gpu.module @kernels {
