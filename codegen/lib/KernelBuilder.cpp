@@ -170,7 +170,9 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                       smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
-    ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
+    // logits, labels, stats, entropy, argmax, status.
+    ShardStatsOp::create(b, loc, logits, labels, tensors[2], tensors[3],
+                         tensors[4], status, flags,
                          ignoreIndex, smoothingValue, zLossValue, shardStart,
                          shardVocab, logitScale, layout, ignore, smoothing,
                          zLoss, shard);
@@ -363,13 +365,14 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
                            "in force)");
     return roles.add(ArgRole::LseLow, lseLow);
   };
-  // Forward and fused kernels take the entropy and argmax outputs (version
-  // 5).
+  // Forward, fused and shard_stats kernels take the entropy and argmax
+  // outputs (version 5).
   auto addOutputs = [&](Operation *op, Value entropy,
                         Value argmax) -> LogicalResult {
     if (!entropy || !argmax)
       return op->emitError("a kernel for a bundle passes entropy and argmax "
-                           "operands to forward and fused ops (bundle format "
+                           "operands to forward, fused and shard_stats ops "
+                           "(bundle format "
                            "version 5; flag bits 4 and 5 say whether they are "
                            "in force)");
     return LogicalResult::success(
@@ -387,7 +390,8 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())));
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())) &&
+        succeeded(addOutputs(op, op.getEntropy(), op.getArgmax())));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;
     key.overwrite = op.getOverwriteInput();

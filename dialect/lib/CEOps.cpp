@@ -355,12 +355,17 @@ LogicalResult ShardStatsOp::verify() {
   if (failed(verifier.verifyLogits(getLogits())) ||
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyStats(getStats())) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)))
     return failure();
   return verifier.verifyNoAliasing(
       {{"logits", getLogits()}, {"labels", getLabels()}},
-      {{"stats", getStats()}, {"status", getStatus()}});
+      {{"stats", getStats()},
+       {"entropy", getEntropy()},
+       {"argmax", getArgmax()},
+       {"status", getStatus()}});
 }
 
 LogicalResult RescaleOp::verify() {

@@ -328,6 +328,9 @@ void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
       memref::StoreOp::create(b, value, op.getStats(), indices);
     }
   });
+  // The slice's entropy and argmax (a global id) for the combine.
+  buildOutputs(t, stats.max, rows.buildLog1p(stats.rest), op.getEntropy(),
+               op.getArgmax(), shardStart);
 }
 
 void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
@@ -397,7 +400,7 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
 
 void CrossEntropyLowering::buildOutputs(const Token &t, Value rowMax,
                                         Value logSum, Value entropyOut,
-                                        Value argmaxOut) {
+                                        Value argmaxOut, Value indexOffset) {
   if (!entropyOut && !argmaxOut)
     return;
   // One more sweep of the row, only where an output is in force (the flags
@@ -417,7 +420,16 @@ void CrossEntropyLowering::buildOutputs(const Token &t, Value rowMax,
         });
       if (argmaxOut)
         buildIf(b, inForce(kFlagArgmax), [&] {
-          memref::StoreOp::create(b, outputs.argmax, argmaxOut, t.indices);
+          Value index = outputs.argmax;
+          if (indexOffset) {
+            // A slice's index is a global id; -1 (a NaN) stays.
+            Value found = arith::CmpIOp::create(
+                b, arith::CmpIPredicate::sge, index,
+                arith::ConstantIntOp::create(b, b.getI64Type(), 0));
+            index = arith::SelectOp::create(
+                b, found, arith::AddIOp::create(b, index, indexOffset), index);
+          }
+          memref::StoreOp::create(b, index, argmaxOut, t.indices);
         });
     });
   });

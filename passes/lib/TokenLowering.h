@@ -184,9 +184,10 @@ public:
                                Value argmaxOut = {});
 
   /// The entropy and argmax of the row (either output may be null), from
-  /// one more sweep that runs only where one of them is in force.
+  /// one more sweep that runs only where one of them is in force; a found
+  /// argmax plus `indexOffset` (i64, a slice's start) when given.
   void buildOutputs(const Token &t, Value rowMax, Value logSum,
-                    Value entropyOut, Value argmaxOut);
+                    Value entropyOut, Value argmaxOut, Value indexOffset = {});
 
   /// i1: whether run-time flag `flag` is in force (always without flags).
   Value inForce(int64_t flag);

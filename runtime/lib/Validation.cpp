@@ -334,8 +334,9 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
                           op == KernelOp::Backward))
     args.push_back({"options->lse_low", ArgRole::LseLow, options.lse_low,
                     op != KernelOp::Backward});
-  // The optional outputs of a forward and a fused call.
-  if (op == KernelOp::Forward || op == KernelOp::Fused) {
+  // The optional outputs of a forward, a fused and a shard_stats call.
+  if (op == KernelOp::Forward || op == KernelOp::Fused ||
+      op == KernelOp::ShardStats) {
     if (options.entropy)
       args.push_back({"options->entropy", ArgRole::Entropy, options.entropy,
                       true});

@@ -69,15 +69,18 @@ struct LaunchPlan {
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
 
   /// Whether a kernel argument of `role` gets a tensor, and which: its own,
-  /// or for an absent lse_low, entropy or argmax the lse view as a
-  /// placeholder (its flag bit unset: the kernel neither writes nor uses
-  /// it).
+  /// or for an absent lse_low, entropy or argmax a token-shaped placeholder,
+  /// the lse view (the labels' for shard_stats, which has no lse), that the
+  /// kernel neither writes nor uses (its flag bit unset).
   bool provides(ArgRole role) const {
-    return has(role) || (isOptional(role) && has(ArgRole::Lse));
+    return has(role) || (isOptional(role) && has(placeholderRole()));
   }
   const ce_tensor &argument(ArgRole role) const {
-    return isOptional(role) && !has(role) ? tensor(ArgRole::Lse)
+    return isOptional(role) && !has(role) ? tensor(placeholderRole())
                                           : tensor(role);
+  }
+  ArgRole placeholderRole() const {
+    return has(ArgRole::Lse) ? ArgRole::Lse : ArgRole::Labels;
   }
   static bool isOptional(ArgRole role) {
     return role == ArgRole::LseLow || role == ArgRole::Entropy ||

@@ -37,6 +37,8 @@ canonicalArgs(const KernelVariantKey &key) {
     break;
   case KernelOp::ShardStats:
     args.push_back({"stats", tokenRank + 1, "f32"});
+    args.push_back({"entropy", tokenRank, "f32"});
+    args.push_back({"argmax", tokenRank, "i64"});
     break;
   case KernelOp::Backward:
     args.push_back({"lse", tokenRank, "f32"});

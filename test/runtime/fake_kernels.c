@@ -363,23 +363,24 @@ EXPORT void fake_fused_flat_token_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
   fused(FLAT, a, b, c, d, e, f, g, h, 0, i, VALUES);
 }
 
-/* ---- shard_stats: (logits, labels, stats, status, values); records only */
+/* ---- shard_stats: (logits, labels, stats, entropy, argmax, status,
+ * values); records only */
 
 static void shard_stats(int layout, Desc *logits, Desc *labels, Desc *stats,
-                        Desc *status, Values v) {
+                        Desc *entropy, Desc *argmax, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, stats, status};
-  int ranks[] = {tr + 1, tr, tr + 1, 1};
-  record(4, descs, ranks, v);
+  Desc *descs[] = {logits, labels, stats, entropy, argmax, status};
+  int ranks[] = {tr + 1, tr, tr + 1, tr, tr, 1};
+  record(6, descs, ranks, v);
 }
 
-EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d,
-                                  VALUE_PARAMS) {
-  shard_stats(FLAT, a, b, c, d, VALUES);
+EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                  Desc *f, VALUE_PARAMS) {
+  shard_stats(FLAT, a, b, c, d, e, f, VALUES);
 }
-EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d,
-                                VALUE_PARAMS) {
-  shard_stats(SBV_BS, a, b, c, d, VALUES);
+EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                Desc *f, VALUE_PARAMS) {
+  shard_stats(SBV_BS, a, b, c, d, e, f, VALUES);
 }
 
 /* Two builds of this file differ here (CMake builds it again with

@@ -341,7 +341,7 @@ func.func @shard_bounds_twice(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memre
 
 func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i64) {
   // expected-error @+1 {{shard_bounds needs both start and vocab}}
-  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
   return
 }
 
@@ -349,7 +349,7 @@ func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref
 
 func.func @shard_bounds_type(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i32, %v: i64) {
   // expected-error @+1 {{operand #3 must be 64-bit signless integer, but got 'i32'}}
-  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
   return
 }
 

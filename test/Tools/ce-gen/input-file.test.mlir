@@ -11,8 +11,8 @@ func.func @train_step(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>,
 }
 
 // A vocabulary slice whose bounds are run-time operands.
-func.func @slice_stats(%x: memref<?x?xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %z: f32, %start: i64, %vocab: i64, %scale: f32) {
-  ce.shard_stats %x, %y into %s status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) logit_scale(%scale) layout = flat {shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64> into memref<?x4xf32>
+func.func @slice_stats(%x: memref<?x?xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %ent: memref<?xf32>, %am: memref<?xi64>, %st: memref<1xi64>, %flags: i64, %ignore: i64, %alpha: f32, %z: f32, %start: i64, %vocab: i64, %scale: f32) {
+  ce.shard_stats %x, %y into %s entropy(%ent : memref<?xf32>) argmax(%am : memref<?xi64>) status(%st : memref<1xi64>) flags(%flags) ignore_index(%ignore) label_smoothing(%alpha) shard_bounds(%start, %vocab) logit_scale(%scale) layout = flat {shard = #ce.shard<>} : memref<?x?xf32>, memref<?xi64> into memref<?x4xf32>
   return
 }
 

@@ -68,8 +68,10 @@ enum class ArgRole {
   Stats,
   Status,
   LseLow, ///< f32 per token: lse's low part (forward, fused out; backward in)
-  Entropy, ///< f32 per token: entropy of softmax(z) (forward, fused out)
-  Argmax,  ///< i64 per token: index of the largest z (forward, fused out)
+  Entropy, ///< f32 per token: entropy of softmax(z) (forward, fused,
+           ///< shard_stats out)
+  Argmax,  ///< i64 per token: index of the largest z (forward, fused,
+           ///< shard_stats out: a global id)
   // The run-time option values, passed by value after the tensors
   // (KernelValues):
   Flags,          ///< i64, KernelFlag bits
@@ -159,7 +161,8 @@ inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
             ArgRole::Lse,     ArgRole::LseLow, ArgRole::Entropy,
             ArgRole::Argmax,  ArgRole::Status};
   case KernelOp::ShardStats:
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
+    return {ArgRole::Logits,  ArgRole::Labels, ArgRole::Stats,
+            ArgRole::Entropy, ArgRole::Argmax, ArgRole::Status};
   case KernelOp::Backward:
     if (variant.overwrite)
       return {ArgRole::Logits, ArgRole::Labels,   ArgRole::Lse,

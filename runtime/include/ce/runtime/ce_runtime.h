@@ -128,7 +128,9 @@ typedef struct ce_options {
    * `argmax` (i64) the index of the row's largest z, the lowest index on
    * ties, -1 for a row with a NaN. Both depend on the logits only (an
    * ignored token gets its row's values) and cost one more read of the row
-   * (from L2 where it still is). Ignored by the other calls. */
+   * (from L2 where it still is). ce_shard_stats writes its slice's entropy
+   * and argmax (a global id) for the combine (docs/tensor-parallel.md).
+   * Ignored by ce_backward and ce_rescale. */
   const struct ce_tensor *entropy;
   const struct ce_tensor *argmax;
 } ce_options;

@@ -123,10 +123,11 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
       force.
     - bit 4, the `entropy` operand is in force: ce.forward and ce.fused
       write each row's entropy `H = sum_j p_j (lse - z_j)` of the softmax
-      of the transformed logits z (NaN where lse is not finite).
+      of the transformed logits z (NaN where lse is not finite);
+      ce.shard_stats that of its slice (the combine merges them).
     - bit 5, the `argmax` operand is in force: ce.forward and ce.fused
       write the index of each row's largest z, the lowest index on ties,
-      -1 for a row with a NaN.
+      -1 for a row with a NaN; ce.shard_stats its slice's, as a global id.
       Without bit 4 (5) the `entropy` (`argmax`) operand is a placeholder
       that is not written; without `flags` a given one is in force. Both
       depend on the logits only: an ignored token or a bad label gets its
@@ -282,9 +283,9 @@ def CE_ShardStatsOp : CE_CrossEntropyOp<"shard_stats"> {
     Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
     Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
     Arg<CE_TokenMemRef, "per-token partial statistics", [MemWrite]>:$stats),
-    CE_StatusOperand, CE_ConfigAttrs);
+    CE_OutputOperands, CE_StatusOperand, CE_ConfigAttrs);
   let assemblyFormat = !strconcat(
-    "$logits `,` $labels `into` $stats ", CE_StatusFormat,
+    "$logits `,` $labels `into` $stats ", CE_OutputsFormat, CE_StatusFormat,
     " attr-dict `:` type($logits) `,` type($labels) `into` type($stats)");
 }
 
