@@ -778,14 +778,17 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
 
 
 def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                out: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
+                argmax: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The partial statistics of the vocabulary slice ``options.shard`` (``ce_shard_stats``).
 
     Returns (or fills ``out``, any strides) an fp32 tensor of the labels' shape followed
     by 4: per token the slice's max ``m``, ``sum_j exp(x_j - m) - 1``, the target logit
     when the label falls in the slice (0 elsewhere or when ignored; for a label outside
     ``[0, vocab)`` NaN, or 0 with ``label_out_of_range="megatron"``), and the slice's row
-    sum with label smoothing (else 0).
+    sum with label smoothing (else 0). ``entropy`` (fp32) and ``argmax`` (int64), token
+    shaped, any strides, get the slice's entropy of softmax(z) and the global id of its
+    largest z (-1 for a NaN) where given.
     ``options.z_loss`` must be 0: the z-loss applies to the combined log-sum-exp.
     """
     if options.shard is None:
@@ -808,6 +811,17 @@ def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptio
         return out
     where = _device_of(logits, "logits")
     bundle, runtime_options = _launch("shard_stats", logits, labels, options, where)
+    outputs = (("entropy", entropy), ("argmax", argmax))
+    descs = {name: describe(tensor, name) for name, tensor in outputs if tensor is not None}
+    if descs:
+        # The shared options struct of this variant is not changed: a copy points at the
+        # outputs' descriptors (kept alive until the call returns).
+        own = type(runtime_options)()
+        ctypes.memmove(ctypes.addressof(own), ctypes.addressof(runtime_options),
+                       ctypes.sizeof(own))
+        for name, desc in descs.items():
+            setattr(own, name, ctypes.addressof(desc))
+        runtime_options = own
     stream = _stream_at(where)
     _poll_labels(logits.device, bundle.runtime, where, stream)
     bundle.runtime.shard_stats(
