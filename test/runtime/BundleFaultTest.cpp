@@ -616,9 +616,11 @@ TEST(BundleIntegrity, OlderVersionsAreRefusedEvenWithIntactHashes) {
   std::string v1 =
       replaceOnce(oneKernel(1), "\"kind\": \"shared-object\"",
                   "\"kind\": \"shared-object\", \"sha256\": \"" + hash + "\"");
-  const std::pair<std::string, int> manifests[] = {
-      {oneKernel(1), 1}, {v1, 1}, {oneKernel(2), 2}, {oneKernel(3), 3},
-      {oneKernel(4), 4}};
+  const std::pair<std::string, int> manifests[] = {{oneKernel(1), 1},
+                                                   {v1, 1},
+                                                   {oneKernel(2), 2},
+                                                   {oneKernel(3), 3},
+                                                   {oneKernel(4), 4}};
   for (const auto &[manifest, version] : manifests) {
     SCOPED_TRACE(version);
     TempDir dir;

@@ -373,10 +373,10 @@ TEST_P(GpuTest, EntropyAndArgmaxAreTheirOwnDescriptorsWhenGiven) {
     options.argmax = withArgmax ? &tArgmax : nullptr;
     int64_t flags = (withEntropy ? int64_t{kFlagEntropy} : 0) |
                     (withArgmax ? int64_t{kFlagArgmax} : 0);
-    Want wantEntropy = withEntropy ? Want{entropy.data(), 2}
-                                   : Want{p.lse.data(), 1};
-    Want wantArgmax = withArgmax ? Want{argmax.data(), 1}
-                                 : Want{p.lse.data(), 1};
+    Want wantEntropy =
+        withEntropy ? Want{entropy.data(), 2} : Want{p.lse.data(), 1};
+    Want wantArgmax =
+        withArgmax ? Want{argmax.data(), 1} : Want{p.lse.data(), 1};
     ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
                          &p.tLoss, &p.tLse, fakeStream(7)),
               CE_OK)
@@ -391,8 +391,8 @@ TEST_P(GpuTest, EntropyAndArgmaxAreTheirOwnDescriptorsWhenGiven) {
       expectToken(32, wantArgmax);
       EXPECT_EQ(int64_t(s.params[s.numParams - kValueParams]), flags);
     }
-    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &tWeight, &p.tLoss, &p.tLse, &tGrad, fakeStream(7)),
+    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &tGrad, fakeStream(7)),
               CE_OK)
         << ce_last_error_message();
     {

@@ -123,9 +123,8 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   // Without options->lse_low, entropy and argmax their arguments are the
   // lse's own view, and flag bits 3 to 5 are off: the kernel neither writes
   // nor reads them.
-  void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(),
-                  p.lse.data(),    p.lse.data(),    p.lse.data(),
-                  p.lse.data()};
+  void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(), p.lse.data(),
+                  p.lse.data(),    p.lse.data(),    p.lse.data()};
   int ranks[] = {2, 1, 1, 1, 1, 1, 1, 1};
   for (int a = 0; a < 8; ++a) {
     SCOPED_TRACE(a);
@@ -221,7 +220,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
                            &p.tLabels, &tStats, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(statsBundle.record().numArgs, 4);
+  EXPECT_EQ(statsBundle.record().numArgs, 6);
   EXPECT_EQ(statsBundle.record().flags & kFlagLseLow, 0);
 }
 
@@ -409,7 +408,7 @@ TEST(Launch, ShardBoundsArePassedByValue) {
                            &tStats, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 4);
+  EXPECT_EQ(bundle.record().numArgs, 6);
   expectValues(receivedValues(bundle),
                {kFlagIgnoreIndex | kFlagGlobalSmoothing, -100, 0.25f, 0.0f, 7,
                 40});
@@ -720,8 +719,8 @@ TEST(Launch, EntropyAndArgmaxAreWrittenWhereTheyAreGiven) {
     std::fill(p.lse.begin(), p.lse.end(), kPoison);
     float weight = 0.5f;
     ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
-    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &tWeight, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
               CE_OK)
         << ce_last_error_message();
     ASSERT_EQ(r.numArgs, 10);
@@ -765,8 +764,7 @@ TEST(Launch, EntropyAndArgmaxTakeTheLabelsLayout) {
   ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.b, p.s});
   ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.b, p.s});
   ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
-  ce_tensor tEntropy =
-      view(entropy.data(), CE_DTYPE_F32, {p.b, p.s}, {1, p.b});
+  ce_tensor tEntropy = view(entropy.data(), CE_DTYPE_F32, {p.b, p.s}, {1, p.b});
   ce_tensor tArgmax = view(argmax.data(), CE_DTYPE_I64, {p.b, p.s}, {1, p.b});
   ce_options options = defaultOptions();
   options.label_layout = CE_LABELS_BS;
@@ -836,8 +834,8 @@ TEST(Launch, EntropyAndArgmaxAreCheckedLikeTheLse) {
        "overlaps"},
       {"argmax over the loss", nullptr, &argmaxOnLoss, nullptr,
        "options->argmax", "overlaps"},
-      {"argmax over the lse", nullptr, &argmaxOnLse, nullptr,
-       "options->argmax", "overlaps"},
+      {"argmax over the lse", nullptr, &argmaxOnLse, nullptr, "options->argmax",
+       "overlaps"},
       {"entropy in the logits", &entropyInLogits, nullptr, nullptr,
        "options->entropy", "overlaps input logits"},
       {"entropy over argmax", &entropyOnArgmax, &i64Tokens, nullptr,
@@ -859,8 +857,8 @@ TEST(Launch, EntropyAndArgmaxAreCheckedLikeTheLse) {
     // The fused call checks them the same way.
     float weight = 1.0f;
     ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
-    EXPECT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &tWeight, &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+    EXPECT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
               CE_ERROR_INVALID_ARGUMENT);
     EXPECT_THAT(ce_last_error_message(), HasSubstr(c.name));
   }
@@ -870,18 +868,18 @@ TEST(Launch, EntropyAndArgmaxAreCheckedLikeTheLse) {
   options.entropy = &f32Tokens;
   options.argmax = &i64Tokens;
   options.lse_low = &tLow;
-  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                       &p.tLoss, &p.tLse, nullptr),
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
   EXPECT_EQ(bundle.record().flags & (kFlagLseLow | kFlagEntropy | kFlagArgmax),
             kFlagLseLow | kFlagEntropy | kFlagArgmax);
 }
 
-TEST(Launch, BackwardAndShardStatsIgnoreEntropyAndArgmax) {
-  // One options struct serves a whole step: the backward and shard_stats
-  // calls neither check nor pass entropy and argmax, even ones a forward
-  // would refuse (f32 argmax, i64 entropy), and their bits stay off.
+TEST(Launch, BackwardIgnoresEntropyAndArgmax) {
+  // One options struct serves a whole step: a backward call neither checks
+  // nor passes entropy and argmax, even ones a forward would refuse (f32
+  // argmax, i64 entropy), and their bits stay off.
   FakeBundle bundle(allFakeKernels());
   FlatProblem p;
   std::vector<int64_t> wrongEntropy(p.n, -7);
@@ -894,8 +892,8 @@ TEST(Launch, BackwardAndShardStatsIgnoreEntropyAndArgmax) {
   std::fill(p.lse.begin(), p.lse.end(), 1.0f);
   std::vector<float> gradLoss(p.n, 2.0f);
   ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
-  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels,
-                        &p.tLse, &tGradLoss, &p.tGrad, nullptr),
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
@@ -907,24 +905,70 @@ TEST(Launch, BackwardAndShardStatsIgnoreEntropyAndArgmax) {
     EXPECT_NE(r.aligned[a], static_cast<void *>(wrongArgmax.data())) << a;
   }
   EXPECT_EQ(p.grad[0], 2.0f); // 2 * 0.5 + lse
-
-  KernelVariantKey stats = forwardKey();
-  stats.op = KernelOp::ShardStats;
-  FakeBundle statsBundle({{stats, "fake_shard_stats_flat", {}}});
-  options.shard_start = 0;
-  options.shard_vocab = 2 * p.v;
-  std::vector<float> statsOut(p.n * 4);
-  ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
-  ASSERT_EQ(ce_shard_stats(statsBundle.get(), &options, &p.tLogits,
-                           &p.tLabels, &tStats, nullptr),
-            CE_OK)
-      << ce_last_error_message();
-  EXPECT_EQ(statsBundle.record().numArgs, 4);
-  EXPECT_EQ(statsBundle.record().flags & (kFlagEntropy | kFlagArgmax), 0);
   for (int64_t t = 0; t < p.n; ++t) {
     EXPECT_EQ(wrongEntropy[t], -7);
     EXPECT_EQ(wrongArgmax[t], kPoison);
   }
+}
+
+TEST(Launch, ShardStatsTakeEntropyAndArgmaxAfterTheStats) {
+  // A shard_stats kernel writes its slice's entropy and argmax for the
+  // combine: options->entropy and options->argmax are its arguments after
+  // the stats, with flag bits 4 and 5; without them (no lse in this call)
+  // the placeholder is the labels' view, its bit off.
+  KernelVariantKey stats = forwardKey();
+  stats.op = KernelOp::ShardStats;
+  FakeBundle bundle({{stats, "fake_shard_stats_flat", {}}});
+  const FakeRecord &r = bundle.record();
+  FlatProblem p;
+  std::vector<float> statsOut(p.n * 4);
+  ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
+  TokenOutputs out(p.n);
+  for (int given = 0; given < 4; ++given) {
+    bool withEntropy = given & 1, withArgmax = given & 2;
+    SCOPED_TRACE(given);
+    ce_options options = defaultOptions();
+    options.shard_start = 0;
+    options.shard_vocab = 2 * p.v;
+    options.entropy = withEntropy ? &out.tEntropy : nullptr;
+    options.argmax = withArgmax ? &out.tArgmax : nullptr;
+    ASSERT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                             &tStats, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ASSERT_EQ(r.numArgs, 6);
+    EXPECT_EQ(r.aligned[2], statsOut.data());
+    EXPECT_EQ(r.aligned[3], withEntropy
+                                ? static_cast<void *>(out.entropy.data())
+                                : p.labels.data());
+    EXPECT_EQ(r.aligned[4], withArgmax ? static_cast<void *>(out.argmax.data())
+                                       : p.labels.data());
+    EXPECT_EQ(r.strides[3][0], withEntropy ? 2 : 3);
+    EXPECT_EQ(r.strides[4][0], 3);
+    EXPECT_EQ(r.ranks[5], 1); // status
+    EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax),
+              (withEntropy ? int64_t{kFlagEntropy} : 0) |
+                  (withArgmax ? int64_t{kFlagArgmax} : 0));
+  }
+  // Checked as a forward's are.
+  std::vector<float> f32Tokens(p.n);
+  ce_tensor tF32 = packed(f32Tokens.data(), CE_DTYPE_F32, {p.n});
+  ce_options options = defaultOptions();
+  options.shard_start = 0;
+  options.shard_vocab = 2 * p.v;
+  options.argmax = &tF32;
+  int64_t calls = bundle.calls();
+  EXPECT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                           &tStats, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->argmax"));
+  options.argmax = nullptr;
+  options.entropy = &tStats;
+  EXPECT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                           &tStats, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->entropy"));
+  EXPECT_EQ(bundle.calls(), calls);
 }
 
 TEST(Launch, BackwardWithBroadcastGradLoss) {

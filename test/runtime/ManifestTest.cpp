@@ -258,7 +258,8 @@ TEST(Manifest, TheBuiltManifestsAreAccepted) {
   EXPECT_EQ(kBundleFormatVersion, CE_RUNTIME_BUNDLE_VERSION);
   for (const char *target : {"host", "sm_90"}) {
     SCOPED_TRACE(target);
-    Manifest parsed = accepts(text(manifest(forwardKey(), kBundleFormatVersion, target)));
+    Manifest parsed =
+        accepts(text(manifest(forwardKey(), kBundleFormatVersion, target)));
     EXPECT_EQ(parsed.version, 5);
     EXPECT_EQ(parsed.generator, "ManifestTest");
     ASSERT_EQ(parsed.objects.size(), 1u);
