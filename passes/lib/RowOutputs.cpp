@@ -55,7 +55,12 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
             : cast<TypedAttr>(b.getI32IntegerAttr(kNone)));
     // A NaN element is -1, below every index: the row's argmax is then -1
     // whatever the statistics' maximum says (a vector maximum may drop NaNs).
-    Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, x, x);
+    // Unordered against the maximum, not against x itself: LLVM narrows
+    // `isnan(fpext bf16)` to a bf16 compare, which NVPTX prints with an
+    // illegal .ftz (ptxas refuses setp.nan.ftz.bf16); a NaN maximum flags
+    // every element, rightly.
+    Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, x,
+                                        splat(rowMax, type));
     Value minusOne = arith::ConstantOp::create(
         b, idxType,
         isa<VectorType>(idxType)
