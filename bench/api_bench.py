@@ -21,6 +21,9 @@ bandwidth measured in the same run):
   over (restored untimed before each call), then ``loss.backward(g)`` (3 passes);
 * ``cegen fused`` / ``fused_ow``: ``grad_weights=g`` and the upstream gradient ``g`` itself
   (the weights tensor: known equal, no rescale; 2 passes);
+* ``cegen fwd +outputs`` / ``fused_ow +outputs``: the same calls with ``return_lse``,
+  ``return_entropy`` and ``return_argmax`` (issue 17: the entropy and argmax sweep), against
+  the same floors;
 * ``cegen fused rescaled`` / ``fused_ow rescaled``: ``grad_weights=g`` and upstream ``g * 1``,
   a different tensor of the same values: the backward's device rescale (cegen._rescale)
   runs, one more read and write of the gradient (the floor stays 2 passes);
@@ -131,7 +134,20 @@ def cegen_cases(torch: Any, cegen: Any, p: Any) -> List[Any]:
         ce(handoff.node(), p.labels, ignore_index=IGNORE_INDEX, grad_weights=g,
            overwrite_input=True).backward(upstream)
 
+    def fwd_outputs() -> None:
+        with torch.no_grad():
+            ce(p.logits, p.labels, ignore_index=IGNORE_INDEX, return_lse=True,
+               return_entropy=True, return_argmax=True)
+
+    def fused_ow_outputs() -> None:
+        ce(handoff.node(), p.labels, ignore_index=IGNORE_INDEX, grad_weights=g,
+           overwrite_input=True, return_lse=True, return_entropy=True,
+           return_argmax=True).loss.backward(g)
+
     return [("cegen fwd", 1, fwd, None),
+            # The three outputs of issue 17 (lse, entropy, argmax): the same floor.
+            ("cegen fwd +outputs", 1, fwd_outputs, None),
+            ("cegen fused_ow +outputs", 2, fused_ow_outputs, handoff.setup),
             ("cegen fwd+bwd", 3, fwd_bwd, None),
             ("cegen fwd+bwd_ow", 3, fwd_bwd_ow, handoff.setup),
             ("cegen fused", 2, lambda: fused(g), None),
@@ -211,7 +227,8 @@ def plot(results: Dict[str, Any], path: Path) -> Optional[str]:
         import matplotlib.pyplot as plt
     except Exception as error:  # noqa: BLE001
         return f"no plot: matplotlib unavailable ({error})"
-    wanted = ["cegen fwd+bwd_ow", "cegen fused_ow", "cegen fused_ow rescaled", "kernel fused_ow",
+    wanted = ["cegen fwd+bwd_ow", "cegen fused_ow", "cegen fused_ow +outputs",
+              "cegen fused_ow rescaled", "kernel fused_ow",
               "flash_ce fwd+bwd_ow inplace_backward=True", "liger_ce fwd+bwd reduction=none"]
     shapes = list(results["shapes"])
     series = {name: [] for name in wanted}

@@ -24,7 +24,11 @@ static_assert(static_cast<int64_t>(kFlagMegatronLabels) ==
                   static_cast<int64_t>(kFlagGlobalSmoothing) ==
                       static_cast<int64_t>(::ce::kFlagGlobalSmoothing) &&
                   static_cast<int64_t>(kFlagLseLow) ==
-                      static_cast<int64_t>(::ce::kFlagLseLow),
+                      static_cast<int64_t>(::ce::kFlagLseLow) &&
+                  static_cast<int64_t>(kFlagEntropy) ==
+                      static_cast<int64_t>(::ce::kFlagEntropy) &&
+                  static_cast<int64_t>(kFlagArgmax) ==
+                      static_cast<int64_t>(::ce::kFlagArgmax),
               "the dialect's and the bundle ABI's flag bits must agree");
 
 static Type toMlirType(Builder &b, ElemType type) {
@@ -160,16 +164,19 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
       sharded ? ShardAttr::get(b.getContext(), 0, 0, false) : ShardAttr();
   switch (key.op) {
   case KernelOp::Forward:
+    // logits, labels, loss, lse, lse_low, entropy, argmax, status.
     ForwardOp::create(b, loc, logits, labels, tensors[2], tensors[3],
-                      tensors[4], status, flags, ignoreIndex, smoothingValue,
-                      zLossValue, shardStart, shardVocab, logitScale,
-                      logitSoftcap, layout, ignore, smoothing, zLoss, shard);
+                      tensors[4], tensors[5], tensors[6], status, flags,
+                      ignoreIndex, smoothingValue, zLossValue, shardStart,
+                      shardVocab, logitScale, logitSoftcap, layout, ignore,
+                      smoothing, zLoss, shard);
     break;
   case KernelOp::ShardStats:
-    ShardStatsOp::create(b, loc, logits, labels, tensors[2], status, flags,
-                         ignoreIndex, smoothingValue, zLossValue, shardStart,
-                         shardVocab, logitScale, logitSoftcap, layout, ignore,
-                         smoothing, zLoss, shard);
+    // logits, labels, stats, entropy, argmax, status.
+    ShardStatsOp::create(b, loc, logits, labels, tensors[2], tensors[3],
+                         tensors[4], status, flags, ignoreIndex, smoothingValue,
+                         zLossValue, shardStart, shardVocab, logitScale,
+                         logitSoftcap, layout, ignore, smoothing, zLoss, shard);
     break;
   case KernelOp::Backward:
     // logits, labels, lse, lse_low, grad_loss[, grad], status.
@@ -180,12 +187,14 @@ static void buildKernelOp(OpBuilder &b, Location loc, ValueRange args,
                        ignore, smoothing, zLoss, shard, overwrite);
     break;
   case KernelOp::Fused:
-    // logits, labels, weights, loss, lse, lse_low[, grad], status.
+    // logits, labels, weights, loss, lse, lse_low, entropy, argmax[, grad],
+    // status.
     FusedOp::create(b, loc, logits, labels, tensors[2], tensors[3], tensors[4],
-                    key.overwrite ? logits : tensors[6], tensors[5], status,
-                    flags, ignoreIndex, smoothingValue, zLossValue, shardStart,
-                    shardVocab, logitScale, logitSoftcap, layout, ignore,
-                    smoothing, zLoss, shard, overwrite);
+                    key.overwrite ? logits : tensors[8], tensors[5], tensors[6],
+                    tensors[7], status, flags, ignoreIndex, smoothingValue,
+                    zLossValue, shardStart, shardVocab, logitScale,
+                    logitSoftcap, layout, ignore, smoothing, zLoss, shard,
+                    overwrite);
     break;
   case KernelOp::Rescale:
     break; // built above
@@ -359,17 +368,33 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
                            "in force)");
     return roles.add(ArgRole::LseLow, lseLow);
   };
+  // Forward, fused and shard_stats kernels take the entropy and argmax
+  // outputs (version 5).
+  auto addOutputs = [&](Operation *op, Value entropy,
+                        Value argmax) -> LogicalResult {
+    if (!entropy || !argmax)
+      return op->emitError("a kernel for a bundle passes entropy and argmax "
+                           "operands to forward, fused and shard_stats ops "
+                           "(bundle format "
+                           "version 5; flag bits 4 and 5 say whether they are "
+                           "in force)");
+    return LogicalResult::success(
+        succeeded(roles.add(ArgRole::Entropy, entropy)) &&
+        succeeded(roles.add(ArgRole::Argmax, argmax)));
+  };
   LogicalResult result = success();
   if (auto op = dyn_cast<ForwardOp>(ceOps[0])) {
     key.op = KernelOp::Forward;
     result = LogicalResult::success(
         succeeded(common(op)) && succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
         succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
-        succeeded(addLseLow(op, op.getLseLow())));
+        succeeded(addLseLow(op, op.getLseLow())) &&
+        succeeded(addOutputs(op, op.getEntropy(), op.getArgmax())));
   } else if (auto op = dyn_cast<ShardStatsOp>(ceOps[0])) {
     key.op = KernelOp::ShardStats;
     result = LogicalResult::success(
-        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())));
+        succeeded(common(op)) && succeeded(roles.add(ArgRole::Stats, op.getStats())) &&
+        succeeded(addOutputs(op, op.getEntropy(), op.getArgmax())));
   } else if (auto op = dyn_cast<BackwardOp>(ceOps[0])) {
     key.op = KernelOp::Backward;
     key.overwrite = op.getOverwriteInput();
@@ -391,6 +416,7 @@ FailureOr<EmittedKernel> mlir::ce::describeKernel(FunctionOpInterface func) {
         succeeded(roles.add(ArgRole::Loss, op.getLoss())) &&
         succeeded(roles.add(ArgRole::Lse, op.getLse())) &&
         succeeded(addLseLow(op, op.getLseLow())) &&
+        succeeded(addOutputs(op, op.getEntropy(), op.getArgmax())) &&
         succeeded(roles.add(ArgRole::Grad, op.getGrad())));
   } else if (auto op = dyn_cast<RescaleOp>(ceOps[0])) {
     key.op = KernelOp::Rescale;

@@ -281,6 +281,8 @@ LogicalResult ForwardOp::verify() {
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
       failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)))
     return failure();
@@ -289,6 +291,8 @@ LogicalResult ForwardOp::verify() {
       {{"loss", getLoss()},
        {"lse", getLse()},
        {"lse_low", getLseLow()},
+       {"entropy", getEntropy()},
+       {"argmax", getArgmax()},
        {"status", getStatus()}});
 }
 
@@ -324,7 +328,9 @@ LogicalResult FusedOp::verify() {
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyTokenOperand({"loss", getLoss()})) ||
       failed(verifier.verifyTokenOperand({"lse", getLse()})) ||
-      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})))
+      failed(verifier.verifyOptionalTokenOperand({"lse_low", getLseLow()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})))
     return failure();
   if (getWeights().getType().getRank() != 0 &&
       failed(verifier.verifyTokenOperand({"weights", getWeights()})))
@@ -341,6 +347,8 @@ LogicalResult FusedOp::verify() {
                                    {{"loss", getLoss()},
                                     {"lse", getLse()},
                                     {"lse_low", getLseLow()},
+                                    {"entropy", getEntropy()},
+                                    {"argmax", getArgmax()},
                                     {"grad", getGrad()},
                                     {"status", getStatus()}});
 }
@@ -356,12 +364,17 @@ LogicalResult ShardStatsOp::verify() {
   if (failed(verifier.verifyLogits(getLogits())) ||
       failed(verifier.verifyTokenOperand({"labels", getLabels()})) ||
       failed(verifier.verifyStats(getStats())) ||
+      failed(verifier.verifyOptionalTokenOperand({"entropy", getEntropy()})) ||
+      failed(verifier.verifyOptionalTokenOperand({"argmax", getArgmax()})) ||
       failed(verifier.verifyStatus(getStatus())) ||
       failed(verifier.verifyConfig(*this)))
     return failure();
   return verifier.verifyNoAliasing(
       {{"logits", getLogits()}, {"labels", getLabels()}},
-      {{"stats", getStats()}, {"status", getStatus()}});
+      {{"stats", getStats()},
+       {"entropy", getEntropy()},
+       {"argmax", getArgmax()},
+       {"status", getStatus()}});
 }
 
 LogicalResult RescaleOp::verify() {

@@ -81,11 +81,12 @@ std::string whyNotFusable(ForwardOp fwd, BackwardOp bwd) {
   Value gradLoss = bwd.getGradLoss();
   // The fused op would read its weights from a buffer it writes.
   if (gradLoss == fwd.getLoss() || gradLoss == fwd.getLse() ||
-      gradLoss == fwd.getLseLow())
+      gradLoss == fwd.getLseLow() || gradLoss == fwd.getEntropy())
     return std::string("the upstream gradient is the forward's own ") +
-           (gradLoss == fwd.getLoss()  ? "loss"
-            : gradLoss == fwd.getLse() ? "lse"
-                                       : "lse_low") +
+           (gradLoss == fwd.getLoss()      ? "loss"
+            : gradLoss == fwd.getLse()     ? "lse"
+            : gradLoss == fwd.getLseLow()  ? "lse_low"
+                                           : "entropy") +
            " buffer, which the fused op writes";
   // The fused op writes the forward's lse_low; the backward only read one.
   if (bwd.getLseLow() && bwd.getLseLow() != fwd.getLseLow())
@@ -139,15 +140,17 @@ struct CEFuseForwardBackwardPass
       }
       OpBuilder builder(fwd);
       Value status = fwd.getStatus() ? fwd.getStatus() : bwd.getStatus();
-      FusedOp::create(
-          builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
-          bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(), bwd.getGrad(),
-          fwd.getLseLow(), status, fwd.getFlags(), fwd.getIgnoreIndexValue(),
-          fwd.getLabelSmoothingValue(), fwd.getZLossValue(),
-          fwd.getShardStart(), fwd.getShardVocab(), fwd.getLogitScale(),
-          fwd.getLogitSoftcap(), fwd.getLayoutAttr(), fwd.getIgnoreIndexAttr(),
-          fwd.getLabelSmoothingAttr(), fwd.getZLossAttr(), fwd.getShardAttr(),
-          bwd.getOverwriteInputAttr());
+      FusedOp::create(builder, fwd.getLoc(), fwd.getLogits(), fwd.getLabels(),
+                      bwd.getGradLoss(), fwd.getLoss(), fwd.getLse(),
+                      bwd.getGrad(), fwd.getLseLow(), fwd.getEntropy(),
+                      fwd.getArgmax(), status, fwd.getFlags(),
+                      fwd.getIgnoreIndexValue(), fwd.getLabelSmoothingValue(),
+                      fwd.getZLossValue(), fwd.getShardStart(),
+                      fwd.getShardVocab(), fwd.getLogitScale(),
+                      fwd.getLogitSoftcap(), fwd.getLayoutAttr(),
+                      fwd.getIgnoreIndexAttr(), fwd.getLabelSmoothingAttr(),
+                      fwd.getZLossAttr(), fwd.getShardAttr(),
+                      bwd.getOverwriteInputAttr());
       bwd.erase();
       fwd.erase();
     }

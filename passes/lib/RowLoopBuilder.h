@@ -33,6 +33,12 @@ struct RowStats {
   Value meanShift;
 };
 
+/// The per-token outputs of one row (buildOutputsSweep).
+struct RowOutputs {
+  Value entropy; ///< f32, sum_j p_j (lse - z_j); NaN where lse is not finite
+  Value argmax;  ///< i64, lowest j with x_j == max; -1 for a NaN row
+};
+
 /// Where one row lives: the logits memref and the indices in front of the
 /// vocabulary index (`[n]` or `[s, b]`).
 struct RowRef {
@@ -162,6 +168,13 @@ public:
                           Value lse, Value scale, Value c, Value u,
                           bool afterStatistics = false, Value lseLow = {},
                           bool fromRowMax = false);
+
+  /// Sweeps `row` once more after its statistics (the row maximum `rowMax`
+  /// of x and `logSum` = log(sum_j exp(s (x_j - rowMax)))) for the
+  /// entropy of softmax(z) and the lowest index of the maximum. Every
+  /// thread gets both.
+  RowOutputs buildOutputsSweep(const RowRef &row, Value vocab, Value rowMax,
+                               Value logSum);
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
@@ -305,6 +318,12 @@ private:
   std::pair<Value, Value> butterflyState(Value max, Value rest,
                                          unsigned width);
   Value allReduceSum(Value sum);
+  /// The smallest i32 of all threads; every thread gets it.
+  Value allReduceMinIndex(Value index);
+  /// Combines one f32 or i32 value of all threads by `combine`, in the same
+  /// order on every thread (deterministic).
+  Value allReduceWith(Value value,
+                      function_ref<Value(Value, Value)> combine);
 
   ImplicitLocOpBuilder &b;
   unsigned vectorWidth;

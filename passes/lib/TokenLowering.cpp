@@ -284,14 +284,17 @@ void CrossEntropyLowering::prepare(FusedOp op) {
 }
 
 void CrossEntropyLowering::lowerToken(ForwardOp op, const Token &t) {
-  buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow());
+  buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow(),
+                  op.getEntropy(), op.getArgmax());
 }
 
-Value CrossEntropyLowering::lseLowInForce() {
+Value CrossEntropyLowering::inForce(int64_t flag) {
   if (config.flags)
-    return flagSet(kFlagLseLow);
+    return flagSet(flag);
   return arith::ConstantIntOp::create(b, b.getI1Type(), 1);
 }
+
+Value CrossEntropyLowering::lseLowInForce() { return inForce(kFlagLseLow); }
 
 void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
   LabelInfo label = readLabel(t);
@@ -339,11 +342,15 @@ void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
       memref::StoreOp::create(b, value, op.getStats(), indices);
     }
   });
+  // The slice's entropy and argmax (a global id) for the combine.
+  buildOutputs(t, stats.max, rows.buildLog1p(stats.rest), op.getEntropy(),
+               op.getArgmax(), shardStart);
 }
 
 void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
   TokenForward forward =
-      buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow());
+      buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow(),
+                      op.getEntropy(), op.getArgmax());
   Value weight =
       sharedWeight
           ? sharedWeight
@@ -355,7 +362,8 @@ void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
 
 CrossEntropyLowering::TokenForward
 CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
-                                      Value lseOut, Value lseLowOut) {
+                                      Value lseOut, Value lseLowOut,
+                                      Value entropyOut, Value argmaxOut) {
   LabelInfo label = readLabel(t);
   RowStats stats =
       rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
@@ -400,7 +408,45 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
       buildIf(b, lseLowInForce(),
               [&] { memref::StoreOp::create(b, low, lseLowOut, t.indices); });
   });
+  buildOutputs(t, stats.max, logSum, entropyOut, argmaxOut);
   return {label, lse, logProb, stats.max, logSum};
+}
+
+void CrossEntropyLowering::buildOutputs(const Token &t, Value rowMax,
+                                        Value logSum, Value entropyOut,
+                                        Value argmaxOut, Value indexOffset) {
+  if (!entropyOut && !argmaxOut)
+    return;
+  // One more sweep of the row, only where an output is in force (the flags
+  // are uniform over the workgroup, so is the branch).
+  Value wanted = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
+  if (entropyOut)
+    wanted = arith::OrIOp::create(b, wanted, inForce(kFlagEntropy));
+  if (argmaxOut)
+    wanted = arith::OrIOp::create(b, wanted, inForce(kFlagArgmax));
+  buildIf(b, wanted, [&] {
+    RowOutputs outputs =
+        rows.buildOutputsSweep(rowOf(logits, t), vocab, rowMax, logSum);
+    leaderOnly([&] {
+      if (entropyOut)
+        buildIf(b, inForce(kFlagEntropy), [&] {
+          memref::StoreOp::create(b, outputs.entropy, entropyOut, t.indices);
+        });
+      if (argmaxOut)
+        buildIf(b, inForce(kFlagArgmax), [&] {
+          Value index = outputs.argmax;
+          if (indexOffset) {
+            // A slice's index is a global id; -1 (a NaN) stays.
+            Value found = arith::CmpIOp::create(
+                b, arith::CmpIPredicate::sge, index,
+                arith::ConstantIntOp::create(b, b.getI64Type(), 0));
+            index = arith::SelectOp::create(
+                b, found, arith::AddIOp::create(b, index, indexOffset), index);
+          }
+          memref::StoreOp::create(b, index, argmaxOut, t.indices);
+        });
+    });
+  });
 }
 
 void lowerRescaleToken(ImplicitLocOpBuilder &b, RowLoopBuilder &rows,

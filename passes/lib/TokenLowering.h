@@ -183,9 +183,20 @@ public:
 
   /// Statistics sweep, loss, and the loss and lse stores of one token; with
   /// `lseLowOut`, also lse's low part (where flag bit 3 is set, or always
-  /// without flags).
+  /// without flags); with `entropyOut` / `argmaxOut` the outputs
+  /// (buildOutputs).
   TokenForward buildLossAndLse(const Token &t, Value lossOut, Value lseOut,
-                               Value lseLowOut = {});
+                               Value lseLowOut = {}, Value entropyOut = {},
+                               Value argmaxOut = {});
+
+  /// The entropy and argmax of the row (either output may be null), from
+  /// one more sweep that runs only where one of them is in force; a found
+  /// argmax plus `indexOffset` (i64, a slice's start) when given.
+  void buildOutputs(const Token &t, Value rowMax, Value logSum,
+                    Value entropyOut, Value argmaxOut, Value indexOffset = {});
+
+  /// i1: whether run-time flag `flag` is in force (always without flags).
+  Value inForce(int64_t flag);
 
   /// i1: whether an lse_low operand is in force (flag bit 3; true without
   /// flags).

@@ -1,6 +1,7 @@
 //===- WorkgroupReduce.cpp - Reductions across a workgroup ----------------===//
 //
-// The (max, rest) states and the sums of all threads of a row: xor-shuffle
+// The (max, rest) states, the sums and the smallest indices of all threads
+// of a row: xor-shuffle
 // butterflies within a subgroup, then a slot per subgroup in workgroup
 // memory.
 //
@@ -81,17 +82,41 @@ std::pair<Value, Value> RowLoopBuilder::allReduceState(Value max, Value rest) {
 }
 
 Value RowLoopBuilder::allReduceSum(Value sum) {
+  return allReduceWith(sum, [&](Value x, Value y) -> Value {
+    return arith::AddFOp::create(b, x, y);
+  });
+}
+
+Value RowLoopBuilder::allReduceMinIndex(Value index) {
+  return allReduceWith(index, [&](Value x, Value y) -> Value {
+    return arith::MinSIOp::create(b, x, y);
+  });
+}
+
+Value RowLoopBuilder::allReduceWith(
+    Value value, function_ref<Value(Value, Value)> combine) {
   if (!threads.enabled())
-    return sum;
+    return value;
   for (unsigned offset = threads.subgroupSize / 2; offset >= 1; offset /= 2) {
-    Value other = gpu::ShuffleOp::create(b, sum, offset, threads.subgroupSize,
+    Value other = gpu::ShuffleOp::create(b, value, offset,
+                                         threads.subgroupSize,
                                          gpu::ShuffleMode::XOR)
                       .getShuffleResult();
-    sum = arith::AddFOp::create(b, sum, other);
+    value = combine(value, other);
   }
   unsigned numSubgroups = threads.numSubgroups();
   if (numSubgroups <= 1)
-    return sum;
+    return value;
+  // The f32 scratch slots [2n, 3n) hold one value per subgroup (an i32 by
+  // its bits).
+  Type type = value.getType();
+  bool isFloat = type.isF32();
+  auto toSlot = [&](Value v) -> Value {
+    return isFloat ? v : arith::BitcastOp::create(b, b.getF32Type(), v);
+  };
+  auto fromSlot = [&](Value v) -> Value {
+    return isFloat ? v : arith::BitcastOp::create(b, type, v);
+  };
   Value subgroupSize = index(threads.subgroupSize);
   Value lane = arith::RemUIOp::create(b, threads.threadId, subgroupSize);
   Value subgroup = arith::DivUIOp::create(b, threads.threadId, subgroupSize);
@@ -99,16 +124,17 @@ Value RowLoopBuilder::allReduceSum(Value sum) {
       arith::AddIOp::create(b, subgroup, index(2 * numSubgroups));
   buildIf(b, arith::CmpIOp::create(b, arith::CmpIPredicate::eq, lane, index(0)),
           [&] {
-            memref::StoreOp::create(b, sum, threads.scratch, ValueRange{slot});
+            memref::StoreOp::create(b, toSlot(value), threads.scratch,
+                                    ValueRange{slot});
           });
   gpu::BarrierOp::create(b);
-  sum = memref::LoadOp::create(b, threads.scratch,
-                               ValueRange{index(2 * numSubgroups)});
+  value = fromSlot(memref::LoadOp::create(b, threads.scratch,
+                                          ValueRange{index(2 * numSubgroups)}));
   for (unsigned i = 1; i < numSubgroups; ++i)
-    sum = arith::AddFOp::create(
-        b, sum,
-        memref::LoadOp::create(b, threads.scratch,
-                               ValueRange{index(2 * numSubgroups + i)}));
+    value = combine(
+        value, fromSlot(memref::LoadOp::create(
+                   b, threads.scratch,
+                   ValueRange{index(2 * numSubgroups + i)})));
   gpu::BarrierOp::create(b);
-  return sum;
+  return value;
 }

@@ -44,6 +44,7 @@ from ._ownership import OverwriteRefusedWarning, reset_overwrite_warnings
 from ._runtime import Bundle, get_runtime, runtime_available
 from ._variant import VariantKey
 from .linear import linear_cross_entropy
+from ._outputs import CrossEntropyResult
 from .ops import cross_entropy
 from .tensor_parallel import combine_shard_stats, vocab_parallel_cross_entropy
 
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "cross_entropy",
+    "CrossEntropyResult",
     "linear_cross_entropy",
     "vocab_parallel_cross_entropy",
     "combine_shard_stats",

@@ -541,18 +541,54 @@ def _launch_plan(plan: _plans.Plan, what: str, poll: bool) -> None:
         plan.runtime.check(status, what)
 
 
+def _extras(tokens: Tuple[int, ...], device: Any, low: bool, entropy: bool,
+            argmax: bool) -> Tuple[Optional[torch.Tensor], ...]:
+    """lse_low, entropy (fp32) and argmax (int64) of the labels' shape, each None unless
+    asked for (poisoned under :func:`poison_outputs`)."""
+    def make(wanted: bool, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        return torch.empty(tokens, dtype=dtype, device=device) if wanted else None
+    extras = (make(low, _F32), make(entropy, _F32), make(argmax, torch.int64))
+    _poisoned_extras(extras)
+    return extras
+
+
+def _poisoned_extras(extras: Sequence[Optional[torch.Tensor]]) -> None:
+    """NaN in the fp32 extras and -2 (no index: never an argmax) in argmax."""
+    if not _poison:
+        return
+    for tensor in extras:
+        if tensor is not None:
+            tensor.fill_(-2 if tensor.dtype == torch.int64 else float("nan"))
+
+
+def _set_extras(plan: _plans.Plan, extras: Sequence[Optional[torch.Tensor]]) -> None:
+    """Writes this call's extras' data pointers into the plan's descriptors."""
+    for desc, tensor in zip((plan.low_desc, plan.entropy_desc, plan.argmax_desc), extras):
+        if tensor is not None:
+            desc.data = tensor.data_ptr()
+
+
+def _described_extras(extras: Sequence[Optional[torch.Tensor]]) -> Tuple[Any, ...]:
+    return tuple(None if tensor is None else describe(tensor, name)
+                 for tensor, name in zip(extras, ("lse_low", "entropy", "argmax")))
+
+
 def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
-            checked: bool = False, low: bool = False) -> Tuple[torch.Tensor, ...]:
-    """Per-token loss and lse (fp32, the labels' shape, contiguous), and with ``low``
-    lse's low part too (``lse + lse_low`` is the log-sum-exp to twice f32's precision;
-    :func:`backward` takes it so that its gradient's error does not grow with the
-    logits' magnitude). The inputs are checked once per call shape (``checked`` is
-    accepted for callers that checked them: a plan's key stands for the checks)."""
+            checked: bool = False, low: bool = False, entropy: bool = False,
+            argmax: bool = False) -> Tuple[torch.Tensor, ...]:
+    """Per-token loss and lse (fp32, the labels' shape, contiguous), then, each where
+    asked for, lse's low part (``low``: ``lse + lse_low`` is the log-sum-exp to twice
+    f32's precision; :func:`backward` takes it so that its gradient's error does not
+    grow with the logits' magnitude), the entropy of softmax(z) (fp32) and the argmax
+    (int64: the lowest index of the row's largest logit, -1 for a NaN row). The inputs
+    are checked once per call shape (``checked`` is accepted for callers that checked
+    them: a plan's key stands for the checks)."""
     if options.shard is not None:
         _refuse_shard(options, "the forward")
     try:
         key: Optional[Tuple[Any, ...]] = (
-            "forward", options, low, logits.dtype, logits.shape, logits.stride(),
+            "forward", options, low, entropy, argmax, logits.dtype, logits.shape,
+            logits.stride(),
             logits.device, labels.dtype, labels.shape, labels.stride(), labels.device)
     except Exception:  # not tensors (the checks below say so), or no strides
         key = None
@@ -563,32 +599,34 @@ def forward(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
         plan = _new_plan(plans, key, tokens, logits)
         loss = _empty(tokens, _F32, plan.device)
         lse = _empty(tokens, _F32, plan.device)
-        lse_low = _empty(tokens, _F32, plan.device) if low else None
+        extras = _extras(tokens, plan.device, low, entropy, argmax)
         if loss.numel() == 0:
-            return (loss, lse, lse_low) if low else (loss, lse)
+            return (loss, lse) + tuple(t for t in extras if t is not None)
         bundle, runtime_options = _launch("forward", logits, labels, options, plan.where)
         plan.set_launch(bundle, runtime_options, "ce_forward", (
             describe(logits, "logits"), describe(labels, "labels"), describe(loss, "loss"),
-            describe(lse, "lse")), None if lse_low is None else describe(lse_low, "lse_low"))
+            describe(lse, "lse")), *_described_extras(extras))
     else:
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
         lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
-        lse_low = torch.empty_like(loss) if low else None
+        extras = ((torch.empty_like(loss) if low else None,) if not (entropy or argmax)
+                  else _extras(plan.tokens, plan.device, low, entropy, argmax))
         if plan.bundle is None:
-            return ((_poisoned(loss), _poisoned(lse), _poisoned(lse_low)) if low
-                    else (_poisoned(loss), _poisoned(lse)))
+            _poisoned_extras(extras[:1])
+            return (_poisoned(loss), _poisoned(lse)) + tuple(
+                t for t in extras if t is not None)
         if _poison:
-            for tensor in (loss, lse, lse_low):
-                _poisoned(tensor)
+            _poisoned(loss)
+            _poisoned(lse)
+            _poisoned_extras(extras[:1])
     descs = plan.descs
     descs[0].data = logits.data_ptr()
     descs[1].data = labels.data_ptr()
     descs[2].data = loss.data_ptr()
     descs[3].data = lse.data_ptr()
-    if lse_low is not None:
-        plan.low_desc.data = lse_low.data_ptr()
+    _set_extras(plan, extras)
     _launch_plan(plan, "cegen forward", poll=True)
-    return (loss, lse, lse_low) if low else (loss, lse)
+    return (loss, lse) + tuple(t for t in extras if t is not None)
 
 
 def _poisoned(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -681,9 +719,11 @@ def backward(logits: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
 
 def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
           options: KernelOptions, overwrite: bool, checked: bool = False,
-          low: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
-    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel (and with
-    ``low`` lse's low part last, as :func:`forward` returns it).
+          low: bool = False, entropy: bool = False,
+          argmax: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+    """Loss, lse and the gradient ``weights_t * dloss_t/dlogits`` in one kernel (and,
+    each where asked for, lse's low part, the entropy and the argmax last, as
+    :func:`forward` returns them).
 
     ``weights`` is a 0-dim fp32 tensor (one weight for every token) or a per-token fp32
     tensor of the labels' shape with any strides. With ``overwrite`` the gradient is
@@ -694,7 +734,8 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         _refuse_shard(options, "the fused forward+backward")
     try:
         key: Optional[Tuple[Any, ...]] = (
-            "fused", options, overwrite, low, logits.dtype, logits.shape, logits.stride(),
+            "fused", options, overwrite, low, entropy, argmax, logits.dtype, logits.shape,
+            logits.stride(),
             logits.device, labels.dtype, labels.shape, labels.stride(), labels.device,
             weights.dtype, weights.shape, weights.stride(), weights.device)
     except Exception:  # not tensors (the checks below say so), or no strides
@@ -716,30 +757,32 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
         plan = _new_plan(plans, key, tokens, logits)
         loss = _empty(tokens, _F32, plan.device)
         lse = _empty(tokens, _F32, plan.device)
-        lse_low = _empty(tokens, _F32, plan.device) if low else None
+        extras = _extras(tokens, plan.device, low, entropy, argmax)
         grad = None if overwrite else _empty_like(logits)
         if loss.numel() == 0:
-            return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
+            return (loss, lse, grad) + tuple(t for t in extras if t is not None)
         bundle, runtime_options = _launch("fused", logits, labels, options, plan.where,
                                           overwrite=overwrite, weights=kind)
         plan.set_launch(bundle, runtime_options, "ce_fused", (
             describe(logits, "logits"), describe(labels, "labels"),
             describe(weights, "grad_weights"), describe(loss, "loss"), describe(lse, "lse"),
-            None if grad is None else describe(grad, "grad")),
-            None if lse_low is None else describe(lse_low, "lse_low"))
+            None if grad is None else describe(grad, "grad")), *_described_extras(extras))
     else:
         if weights.dtype != torch.float32:
             weights = weights.float()  # strides as the plan's: the key holds the input's
         loss = torch.empty(plan.tokens, dtype=_F32, device=plan.device)
         lse = torch.empty_like(loss)  # parses fewer arguments than torch.empty
-        lse_low = torch.empty_like(loss) if low else None
+        extras = ((torch.empty_like(loss) if low else None,) if not (entropy or argmax)
+                  else _extras(plan.tokens, plan.device, low, entropy, argmax))
         grad = None if overwrite else torch.empty_like(logits)
         if plan.bundle is None:
-            outputs = (_poisoned(loss), _poisoned(lse), _poisoned(grad))
-            return outputs + (_poisoned(lse_low),) if low else outputs
+            _poisoned_extras(extras[:1])
+            return (_poisoned(loss), _poisoned(lse), _poisoned(grad)) + tuple(
+                t for t in extras if t is not None)
         if _poison:
-            for tensor in (loss, lse, grad, lse_low):
+            for tensor in (loss, lse, grad):
                 _poisoned(tensor)
+            _poisoned_extras(extras[:1])
     descs = plan.descs
     descs[0].data = logits.data_ptr()
     descs[1].data = labels.data_ptr()
@@ -748,21 +791,23 @@ def fused(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
     descs[4].data = lse.data_ptr()
     if grad is not None:
         descs[5].data = grad.data_ptr()
-    if lse_low is not None:
-        plan.low_desc.data = lse_low.data_ptr()
+    _set_extras(plan, extras)
     _launch_plan(plan, "cegen fused forward+backward", poll=True)
-    return (loss, lse, grad, lse_low) if low else (loss, lse, grad)
+    return (loss, lse, grad) + tuple(t for t in extras if t is not None)
 
 
 def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
-                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                out: Optional[torch.Tensor] = None, entropy: Optional[torch.Tensor] = None,
+                argmax: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The partial statistics of the vocabulary slice ``options.shard`` (``ce_shard_stats``).
 
     Returns (or fills ``out``, any strides) an fp32 tensor of the labels' shape followed
     by 4: per token the slice's max ``m``, ``sum_j exp(x_j - m) - 1``, the target logit
     when the label falls in the slice (0 elsewhere or when ignored; for a label outside
     ``[0, vocab)`` NaN, or 0 with ``label_out_of_range="megatron"``), and the slice's row
-    sum with label smoothing (else 0).
+    sum with label smoothing (else 0). ``entropy`` (fp32) and ``argmax`` (int64), token
+    shaped, any strides, get the slice's entropy of softmax(z) and the global id of its
+    largest z (-1 for a NaN) where given.
     ``options.z_loss`` must be 0: the z-loss applies to the combined log-sum-exp.
     """
     if options.shard is None:
@@ -785,6 +830,17 @@ def shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptio
         return out
     where = _device_of(logits, "logits")
     bundle, runtime_options = _launch("shard_stats", logits, labels, options, where)
+    outputs = (("entropy", entropy), ("argmax", argmax))
+    descs = {name: describe(tensor, name) for name, tensor in outputs if tensor is not None}
+    if descs:
+        # The shared options struct of this variant is not changed: a copy points at the
+        # outputs' descriptors (kept alive until the call returns).
+        own = type(runtime_options)()
+        ctypes.memmove(ctypes.addressof(own), ctypes.addressof(runtime_options),
+                       ctypes.sizeof(own))
+        for name, desc in descs.items():
+            setattr(own, name, ctypes.addressof(desc))
+        runtime_options = own
     stream = _stream_at(where)
     _poll_labels(logits.device, bundle.runtime, where, stream)
     bundle.runtime.shard_stats(

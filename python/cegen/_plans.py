@@ -35,13 +35,14 @@ class Plan:
 
     ``descs`` holds a descriptor per tensor argument in the entry point's order, None
     for an absent one (a gradient written over the logits); ``addresses`` their
-    addresses, passed as the entry point's ``void *`` arguments. ``low_desc``: the
-    descriptor of lse's low part, which ``ce_options.lse_low`` of the plan's own copy
-    of the options points at (None: not passed)."""
+    addresses, passed as the entry point's ``void *`` arguments. ``low_desc``,
+    ``entropy_desc``, ``argmax_desc``: the descriptors of lse's low part and of the
+    entropy and argmax outputs, which ``ce_options.lse_low`` / ``.entropy`` /
+    ``.argmax`` of the plan's own copy of the options point at (None: not passed)."""
 
     __slots__ = ("generation", "tokens", "device", "where", "gpu", "bundle", "runtime",
                  "entry", "check_labels", "runtime_options", "options_address", "descs",
-                 "addresses", "low_desc")
+                 "addresses", "low_desc", "entropy_desc", "argmax_desc")
 
     def __init__(self, generation: int, tokens: Tuple[int, ...], device: Any,
                  where: Tuple[int, int]):
@@ -59,26 +60,37 @@ class Plan:
         self.descs: Tuple[Optional[TensorDesc], ...] = ()
         self.addresses: Tuple[Optional[int], ...] = ()
         self.low_desc: Optional[TensorDesc] = None
+        self.entropy_desc: Optional[TensorDesc] = None
+        self.argmax_desc: Optional[TensorDesc] = None
 
     def set_launch(self, bundle: Any, runtime_options: Any, entry: str,
                    descs: Sequence[Optional[TensorDesc]],
-                   low_desc: Optional[TensorDesc] = None) -> None:
+                   low_desc: Optional[TensorDesc] = None,
+                   entropy_desc: Optional[TensorDesc] = None,
+                   argmax_desc: Optional[TensorDesc] = None) -> None:
         """Fills in the launch: ``descs`` made by ``cegen._kernels.describe`` from this
         call's tensors (their data pointers are rewritten on every call), and
-        ``low_desc`` for lse's low part (``ce_options.lse_low``), if any."""
+        ``low_desc`` for lse's low part (``ce_options.lse_low``), ``entropy_desc`` and
+        ``argmax_desc`` for the outputs (``ce_options.entropy`` / ``.argmax``), if any."""
         self.bundle = bundle
         self.runtime = bundle.runtime
         self.entry = entry_point(bundle.runtime, entry)
         self.check_labels = bundle.runtime._lib.ce_check_label_status  # declared: ints
-        if low_desc is not None:
+        optional = (("lse_low", low_desc), ("entropy", entropy_desc),
+                    ("argmax", argmax_desc))
+        if any(desc is not None for _, desc in optional):
             # The shared options struct of this call's variant is not changed: this
-            # plan's copy points at its own descriptor.
+            # plan's copy points at its own descriptors.
             own = type(runtime_options)()
             ctypes.memmove(ctypes.addressof(own), ctypes.addressof(runtime_options),
                            ctypes.sizeof(own))
-            own.lse_low = ctypes.addressof(low_desc)
+            for field, desc in optional:
+                if desc is not None:
+                    setattr(own, field, ctypes.addressof(desc))
             runtime_options = own
         self.low_desc = low_desc
+        self.entropy_desc = entropy_desc
+        self.argmax_desc = argmax_desc
         self.runtime_options = runtime_options  # kept alive: the C call reads its address
         self.options_address = ctypes.addressof(runtime_options)
         self.descs = tuple(descs)

@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 CE_MAX_RANK = 3
-CE_RUNTIME_BUNDLE_VERSION = 4
+CE_RUNTIME_BUNDLE_VERSION = 5
 
 
 class Status:
@@ -160,6 +160,9 @@ class Options(ctypes.Structure):
         # z = logit_softcap * tanh(logit_scale * x / logit_softcap) (0: none); a cap selects
         # the softcap=on kernels.
         ("logit_softcap", ctypes.c_float),
+        # Optional outputs of forward and fused (NULL: not computed).
+        ("entropy", ctypes.c_void_p),
+        ("argmax", ctypes.c_void_p),
     ]
 
 

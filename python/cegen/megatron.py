@@ -29,6 +29,10 @@ and write the ``[B, S]`` loss directly. It runs cegen only when
 
 every other case calls the original implementation unchanged and logs why, once per
 reason (logger ``cegen.megatron``). No environment variable enables or changes any of it.
+Logit transforms of the model come before this method: MuP's ``_scale_logits`` in
+GPTModel._postprocess and process_mtp_loss, a Megatron-Bridge Gemma output layer's softcap
+in the layer, so the logits it receives are the ones the loss is of (docs/megatron.md,
+"Logit scale and softcap").
 
 Labels keep Megatron's contract too: Megatron accepts any label id, and its SFT datasets
 label prompt tokens -100 and mask them with ``loss_mask``. With
@@ -48,9 +52,11 @@ the group as ColumnParallelLinear's) and with sequence parallelism (Megatron's a
 the hidden states, whose backward reduce-scatters), tied embeddings and a bias. It falls
 back to the original post-processing, logged once per reason, for everything else: no
 labels (the caller wants the logits), inference, MTP layers, an output_processor, gathered
-logits (``runtime_gather_output``, ``parallel_output=False``), MuP's logit scaling, the
-config logger, deferred embedding weight gradients, full-iteration CUDA graphs, another
-output layer or loss, other dtypes. With ``--turbo-ce-fused-gradient`` (the default) and a
+logits (``runtime_gather_output``, ``parallel_output=False``), a MuP output multiplier that
+is not a logit scale (MuP's ``mup_output_mult``, a finite number > 0, is applied in the
+kernels as ``logit_scale``), the config logger, deferred embedding weight gradients,
+full-iteration CUDA graphs, another output layer (a Megatron-Bridge Gemma output layer's
+softcap among them) or loss, other dtypes. With ``--turbo-ce-fused-gradient`` (the default) and a
 ``loss_mask`` the forward finishes the gradients for the upstream gradient the step is
 predicted to give, and the backward scales them by the factor it finds on the device between
 that prediction and the gradient that arrives: three GEMMs instead of four. A ``loss_func``
@@ -70,6 +76,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import numbers
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Set, Tuple, Type
@@ -497,6 +504,8 @@ def _make_patched(original: Callable[..., torch.Tensor],
         if reason is not None:
             _log_fallback(reason)
             return original(self, labels, logits)
+        # The logits are already transformed (MuP's multiplier by _scale_logits before the
+        # call): no logit_scale here, which would apply it twice.
         label_options = _label_options(self)
         if tp_group is not None:
             # Vocab-parallel logits: this rank's slice; labels are global ids. Megatron's
@@ -570,6 +579,43 @@ class _OutputLayerPlan:
     group: Any
     #: Megatron's gather_from_sequence_parallel_region under sequence parallelism.
     gather_sequence: Optional[Callable[..., torch.Tensor]]
+    #: MuP's output multiplier (``_scale_logits``), applied in the kernels; 1 without MuP.
+    logit_scale: float = 1.0
+
+
+def _mup_logit_scale(module: Any) -> Tuple[Optional[str], float]:
+    """(fallback reason, logit scale): the factor GPTModel._postprocess's
+    ``self._scale_logits`` multiplies the output layer's logits by before the loss.
+
+    Megatron-Core's ``LanguageModule._scale_logits`` (language_module.py, read at d98e8a64)
+    returns ``logits * config.mup_output_mult`` when ``config.use_mup`` is on and the
+    multiplier is not 1 (TransformerConfig sets it to ``1 / mup_width_mult`` when left at
+    1), else the logits unchanged. cegen applies that factor as ``logit_scale`` (z = s x
+    before the softmax, the gradients those of the unscaled logits' GEMMs) where it is one
+    (finite, > 0 in float32); a ``_scale_logits`` of another class or instance is not known.
+    """
+    config = getattr(module, "config", None)
+    if not getattr(config, "use_mup", False):
+        return None, 1.0
+    owner = next((klass for klass in type(module).__mro__ if "_scale_logits" in vars(klass)),
+                 None)
+    if ("_scale_logits" in vars(module) or owner is None
+            or owner.__name__ != "LanguageModule" or owner.__module__ != _LANGUAGE_MODULE_PATH):
+        where = "the instance" if "_scale_logits" in vars(module) else (
+            "no class" if owner is None else f"{owner.__module__}.{owner.__qualname__}")
+        return (f"MuP (use_mup): _scale_logits is defined by {where}, not Megatron-Core's "
+                "LanguageModule: its transform of the logits is not known"), 1.0
+    multiplier = getattr(config, "mup_output_mult", 1.0)
+    what = (f"MuP (use_mup): mup_output_mult={multiplier!r} is not a logit scale cegen can "
+            "apply (a finite real number > 0 in float32)")
+    if isinstance(multiplier, bool) or not isinstance(multiplier, numbers.Real):
+        return what, 1.0
+    if multiplier == 1.0:  # Megatron's own test: no multiplication at all
+        return None, 1.0
+    try:
+        return None, _validate.logit_scale(multiplier)
+    except InvalidInputError:
+        return what, 1.0
 
 
 def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
@@ -590,8 +636,9 @@ def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
                 "layer's logits"), None
     if arguments.get("output_processor") is not None:
         return "an output_processor is given the output layer", None
-    if getattr(config, "use_mup", False):
-        return "MuP scales the logits (use_mup)", None
+    reason, logit_scale = _mup_logit_scale(module)
+    if reason is not None:
+        return reason, None
     if getattr(config, "config_logger_dir", ""):
         return "the config logger records the logits (config_logger_dir)", None
     if is_compiling():
@@ -614,7 +661,7 @@ def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
     except Exception:
         return "megatron.core.tensor_parallel.ColumnParallelLinear cannot be imported", None
     if type(layer) is not ColumnParallelLinear:
-        return (f"the output layer is a {type(layer).__name__}, not Megatron-Core's "
+        return (f"the output layer is a {_class_description(type(layer))}, not Megatron-Core's "
                 "ColumnParallelLinear"), None
     gather_output = arguments.get("runtime_gather_output")
     if gather_output is None:
@@ -679,7 +726,17 @@ def _output_layer_plan(module: Any, arguments: Mapping[str, Any],
     if not isinstance(loss_mask, torch.Tensor) or loss_mask.numel() != labels.numel():
         loss_mask = None
     return None, _OutputLayerPlan(hidden, weight, bias, labels, loss_mask, group,
-                                  gather_sequence)
+                                  gather_sequence, logit_scale)
+
+
+def _class_description(cls: Type[Any]) -> str:
+    """The class's name, with the classes mixed into it where it takes its base's name
+    (Megatron-Bridge's ``extend_instance``: Gemma's softcapped output layer is a class named
+    ColumnParallelLinear over ``(Gemma2OutputLayer, ColumnParallelLinear)``)."""
+    bases = [base for base in cls.__bases__ if base.__name__ != cls.__name__]
+    if len(bases) == len(cls.__bases__):
+        return cls.__name__
+    return f"{cls.__name__} with {', '.join(base.__name__ for base in bases)} mixed in"
 
 
 def _fused_output_layer_loss(module: Any, plan: _OutputLayerPlan,
@@ -709,7 +766,8 @@ def _fused_output_layer_loss(module: Any, plan: _OutputLayerPlan,
     return linear_cross_entropy(
         hidden, plan.weight, plan.labels, bias=plan.bias, label_layout="bs",
         grad_weights=grad_weights, tp_group=plan.group,
-        reduce_grad_hidden=plan.gather_sequence is None, **_label_options(module))
+        reduce_grad_hidden=plan.gather_sequence is None, logit_scale=plan.logit_scale,
+        **_label_options(module))
 
 
 def _make_fused_postprocess(original: Callable[..., Any],

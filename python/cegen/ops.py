@@ -27,13 +27,17 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _kernels, _library, _rescale, _validate
+from ._outputs import CrossEntropyResult, cross_entropy_outputs
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs, kernel_options
 from ._ownership import bump_version, grant_overwrite, is_compiling
 from ._rescale import upstream_is_weights
 from ._runtime import Bundle
 
-__all__ = ["cross_entropy", "cross_entropy_vouched"]
+__all__ = ["cross_entropy", "cross_entropy_vouched", "CrossEntropyResult"]
+
+#: (return_lse, return_entropy, return_argmax) when none is asked for.
+_NO_RETURNS = (False, False, False)
 
 GradWeights = Union[None, float, int, torch.Tensor]
 BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
@@ -278,22 +282,36 @@ def cross_entropy_vouched(
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
     logit_softcap: Optional[float] = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    return_entropy: bool = False,
+    return_argmax: bool = False,
+) -> Union[torch.Tensor, CrossEntropyResult]:
     """:func:`cross_entropy` for integrations that measured the logits' references themselves.
 
     ``python_refs`` is ``sys.getrefcount(logits)`` taken as the first statement of the
     integration's entry point, and ``vouched_refs`` the references the integration knows
     its caller holds and never reads again (see ``cegen._ownership``).
     """
+    returns = _returns(return_lse, return_entropy, return_argmax)
     if is_compiling():
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
                                      label_out_of_range, logit_scale=logit_scale,
-                                     logit_softcap=logit_softcap)
+                                     logit_softcap=logit_softcap, returns=returns)
     return _eager_cross_entropy(logits, labels, python_refs, vouched_refs, ignore_index,
                                 label_smoothing, z_loss, overwrite_input, label_layout,
                                 grad_weights, bundle, label_out_of_range, 4, logit_scale,
-                                logit_softcap)
+                                logit_softcap, returns)
+
+
+def _returns(return_lse: Any, return_entropy: Any,
+             return_argmax: Any) -> Tuple[bool, bool, bool]:
+    """The ``return_*`` flags checked (bools)."""
+    if return_lse is False and return_entropy is False and return_argmax is False:
+        return _NO_RETURNS
+    return (_validate.flag("return_lse", return_lse),
+            _validate.flag("return_entropy", return_entropy),
+            _validate.flag("return_argmax", return_argmax))
 
 
 def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs: int,
@@ -302,7 +320,9 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
                          grad_weights: GradWeights, bundle: BundleArg,
                          label_out_of_range: Any, stacklevel: int,
                          logit_scale: Any = 1.0,
-                         logit_softcap: Any = None) -> torch.Tensor:
+                         logit_softcap: Any = None,
+                         returns: Tuple[bool, bool, bool] = _NO_RETURNS
+                         ) -> Union[torch.Tensor, CrossEntropyResult]:
     """The call when torch.compile is not tracing it (positional arguments: host time).
     ``stacklevel`` names the user's line in a refused-overwrite warning."""
     # Validated once per distinct option value (cegen._kernels.kernel_options): host time.
@@ -325,6 +345,14 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
         check_inputs(logits, labels, options)
     overwrite = overwrite_input and grant_overwrite(logits, True, python_refs, vouched_refs,
                                                     stacklevel=stacklevel)
+    if returns is not _NO_RETURNS and any(returns):
+        weights = None
+        if needs_grad and grad_weights is not None:
+            weights = (grad_weights if type(grad_weights) is torch.Tensor
+                       and not grad_weights.requires_grad
+                       else _weights_tensor(grad_weights, logits))
+        return cross_entropy_outputs(logits, labels, _op_args(options), overwrite, weights,
+                                     needs_grad, returns)
     if not traced:
         # Nothing traces this call: the kernels directly, with the options checked above.
         if not needs_grad:
@@ -353,7 +381,9 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
                           label_layout: Any, grad_weights: GradWeights, bundle: BundleArg,
                           label_out_of_range: Any, stacklevel: int = 4,
                           logit_scale: Any = 1.0,
-                          logit_softcap: Any = None) -> torch.Tensor:
+                          logit_softcap: Any = None,
+                          returns: Tuple[bool, bool, bool] = _NO_RETURNS
+                          ) -> Union[torch.Tensor, CrossEntropyResult]:
     """What torch.compile traces: the autograd Functions over the custom ops, nothing else.
 
     No Python-side checks or caches here (dynamo would have to trace them; it graph-breaks
@@ -366,6 +396,15 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
         bundle = _validate.bundle(bundle)
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
                label_out_of_range, float(logit_scale), float(_softcap_arg(logit_softcap)))
+    if any(returns):
+        needs_grad = torch.is_grad_enabled() and logits.requires_grad
+        weights = None
+        if needs_grad and grad_weights is not None:
+            weights = (grad_weights.detach() if isinstance(grad_weights, torch.Tensor)
+                       else torch.full((), float(grad_weights), dtype=torch.float32,
+                                       device=logits.device))
+        return cross_entropy_outputs(logits, labels, op_args, False, weights, needs_grad,
+                                     returns)
     if not (torch.is_grad_enabled() and logits.requires_grad):
         loss, _, _ = _library.forward(logits, labels, *op_args)
         return loss
@@ -394,7 +433,10 @@ def cross_entropy(
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
     logit_softcap: Optional[float] = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    return_entropy: bool = False,
+    return_argmax: bool = False,
+) -> Union[torch.Tensor, CrossEntropyResult]:
     """Per-token softmax cross-entropy (fp32), differentiable w.r.t. ``logits``.
 
     Args:
@@ -433,9 +475,22 @@ def cross_entropy(
             softcap; the scale first), the loss, lse, smoothing mean and z-loss are of z
             and the gradient carries ``dz/dx = logit_scale * (1 - tanh^2)``. Finite and
             > 0. A cap selects the softcap kernels (variant key ``softcap=on``).
+        return_lse: also return each token's log-sum-exp of z (the forward's own, no
+            extra work), e.g. for z-loss reporting.
+        return_entropy: also return each token's entropy of softmax(z),
+            ``sum_j p_j (lse - z_j)`` (NaN where lse is not finite): RL and distillation.
+        return_argmax: also return each token's predicted class, the lowest index of the
+            row's largest z (-1 for a row with a NaN): token accuracy and MTP acceptance
+            as ``(argmax == labels)`` over the tokens that count, readable after the
+            gradient overwrote the logits. The entropy and argmax cost one more read of
+            each row in the forward kernel (from L2 where it still is).
 
     Returns:
-        The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron).
+        The per-token loss, float32, in the labels' shape (``[B, S]`` for Megatron); with
+        any ``return_*`` flag a :class:`cegen.CrossEntropyResult` ``(loss, lse, entropy,
+        argmax)`` instead, each in the labels' shape, the ones not asked for None, only
+        the loss differentiable. Every token gets its row's lse, entropy and argmax,
+        ignored ones included.
 
     Raises:
         InvalidInputError (a ValueError): wrong shapes, strides, dtypes, devices, options.
@@ -448,11 +503,15 @@ def cross_entropy(
     # traced objects are not the ones that run, and overwrite is then refused anyway).
     compiling = is_compiling()
     python_refs = 0 if compiling else sys.getrefcount(logits)
+    returns = (_NO_RETURNS if return_lse is False and return_entropy is False
+               and return_argmax is False
+               else _returns(return_lse, return_entropy, return_argmax))
     if compiling:
         return _traced_cross_entropy(logits, labels, ignore_index, label_smoothing, z_loss,
                                      overwrite_input, label_layout, grad_weights, bundle,
                                      label_out_of_range, stacklevel=3,
-                                     logit_scale=logit_scale, logit_softcap=logit_softcap)
+                                     logit_scale=logit_scale, logit_softcap=logit_softcap,
+                                     returns=returns)
     return _eager_cross_entropy(logits, labels, python_refs, 0, ignore_index, label_smoothing,
                                 z_loss, overwrite_input, label_layout, grad_weights, bundle,
-                                label_out_of_range, 3, logit_scale, logit_softcap)
+                                label_out_of_range, 3, logit_scale, logit_softcap, returns)

@@ -28,8 +28,9 @@ docs/tensor-parallel.md has the formulas and the reasons.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -37,6 +38,7 @@ from torch.autograd.function import once_differentiable
 from . import _kernels, _validate
 from ._kernels import KernelOptions, Shard
 from ._errors import InvalidInputError
+from ._outputs import CrossEntropyResult
 from ._ownership import bump_version, grant_overwrite, is_compiling
 
 __all__ = [
@@ -50,6 +52,11 @@ _F32_LOWEST = -3.4028234663852886e38
 
 #: Per-token statistics in a shard_stats slot, in this order.
 STATS_FIELDS = ("max", "rest", "target", "sum")
+#: With the outputs (``with_outputs``), two more per slot: the slice's entropy and the
+#: global id of its largest logit (as a float32: exact below 2^24 ids).
+OUTPUT_FIELDS = ("entropy", "argmax")
+#: The largest global vocabulary whose ids a float32 slot holds exactly.
+_MAX_ARGMAX_VOCAB = 2 ** 24
 
 
 def _smoothing_factor(label_smoothing: float, smoothing_vocab: int) -> float:
@@ -64,11 +71,15 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
                         vocab_local: int, vocab: int, global_smoothing: bool,
                         rank: int, label_out_of_range: str = "error",
                         with_low: bool = False,
-                        logit_scale: float = 1.0) -> Tuple[torch.Tensor, ...]:
+                        logit_scale: float = 1.0,
+                        with_outputs: bool = False) -> Tuple[torch.Tensor, ...]:
     """Per-token (loss, lse) from every rank's shard statistics; fp32, the labels' shape.
     With ``with_low``, (loss, lse, lse_low): ``lse + lse_low`` is ``M + log1p(rest)`` to
     twice f32's precision (the sharded backward's ``lse_low``, whose gradient's error then
-    does not grow with the logits' magnitude).
+    does not grow with the logits' magnitude). With ``with_outputs`` the slots hold six
+    fields (``STATS_FIELDS + OUTPUT_FIELDS``: each slice's entropy and argmax too) and the
+    entropy (fp32) and argmax (int64, a global id, -1 for a row with a NaN) of the whole
+    vocabulary follow.
 
     Args:
         gathered: ``[world, *tokens, 4]``: slot ``r`` holds rank r's (max, rest, target,
@@ -112,9 +123,11 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     vocab_local = _validate.integer("vocab_local", vocab_local, 1, vocab)
     global_smoothing = _validate.flag("global_smoothing", global_smoothing)
     rank = _validate.integer("rank", rank)
-    if gathered.dim() < 2 or gathered.shape[-1] != len(STATS_FIELDS):
+    with_outputs = _validate.flag("with_outputs", with_outputs)
+    fields = len(STATS_FIELDS) + (len(OUTPUT_FIELDS) if with_outputs else 0)
+    if gathered.dim() < 2 or gathered.shape[-1] != fields:
         raise InvalidInputError(
-            f"gathered shard statistics must be [world, *tokens, {len(STATS_FIELDS)}], got "
+            f"gathered shard statistics must be [world, *tokens, {fields}], got "
             f"{tuple(gathered.shape)}")
     tokens = tuple(gathered.shape[1:-1])
     if tuple(labels.shape) != tokens:
@@ -125,7 +138,7 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
     if not 0 <= rank < world:
         raise InvalidInputError(f"rank {rank} has no slot among {world}")
     stats = gathered.to(torch.float32)
-    slice_max, slice_rest, slice_target, slice_sum = stats.unbind(dim=-1)
+    slice_max, slice_rest, slice_target, slice_sum = stats[..., :4].unbind(dim=-1)
 
     # Few elementwise kernels: on a GPU each costs a few microseconds whatever its size.
     top, top_rank = slice_max.max(dim=0)
@@ -171,14 +184,45 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
         loss = loss + z_loss * lse * lse
     if ignore_index is not None:
         loss = loss.masked_fill(labels == ignore_index, 0.0)
-    if not with_low:
-        return loss, lse
-    low = _sum_low(scaled_top, log1p_rest, lse)
-    if logit_scale != 1.0:
-        # The product's error, exact: s M is exact in float64, its float32 rounding too.
-        product_error = (top.double() * logit_scale - scaled_top.double()).float()
-        low = torch.where(torch.isfinite(lse), low + product_error, low)
-    return loss, lse, low
+    results: Tuple[torch.Tensor, ...] = (loss, lse)
+    if with_low:
+        low = _sum_low(scaled_top, log1p_rest, lse)
+        if logit_scale != 1.0:
+            # The product's error, exact: s M is exact in float64, its float32 rounding too.
+            product_error = (top.double() * logit_scale - scaled_top.double()).float()
+            low = torch.where(torch.isfinite(lse), low + product_error, low)
+        results += (low,)
+    if with_outputs:
+        results += _combine_outputs(stats, top, scale, slice_rest, rest, shifted,
+                                    log1p_rest, lse)
+    return results
+
+
+def _combine_outputs(stats: torch.Tensor, top: torch.Tensor, scale: torch.Tensor,
+                     slice_rest: torch.Tensor, rest: torch.Tensor, shifted: torch.Tensor,
+                     log1p_rest: torch.Tensor, lse: torch.Tensor
+                     ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The whole vocabulary's (entropy, argmax) from the slices'.
+
+    Slice r's softmax q_r, entropy H_r and log-sum-exp lse_r give the global p = q_r
+    w_r with w_r = exp(lse_r - lse) = e_r (1 + rest_r) / (1 + rest), so
+    ``H = sum_r w_r (H_r + lse - lse_r)``, every term non-negative (no cancellation),
+    ``lse - lse_r = log1p(rest) - log1p(rest_r) - s (m_r - M)``; a slice without a logit
+    above -inf (w_r = 0) adds nothing. The argmax is the lowest-ranked slice holding the
+    maximum's own (slices are in id order), -1 if any slice has a NaN."""
+    slice_entropy, slice_argmax = stats[..., 4], stats[..., 5]
+    weight = scale * (1.0 + slice_rest) / (1.0 + rest)
+    gap = log1p_rest - torch.log1p(slice_rest) - shifted
+    terms = torch.where(weight > 0, weight * (slice_entropy + gap),
+                        torch.zeros_like(weight))
+    entropy = terms.sum(dim=0)
+    entropy = torch.where(torch.isfinite(lse), entropy, torch.full_like(entropy, math.nan))
+    # torch.argmax returns the first of equal values: the lowest rank holding M.
+    first = (stats[..., 0] == top).to(torch.int8).argmax(dim=0)
+    argmax = slice_argmax.gather(0, first.unsqueeze(0)).squeeze(0).to(torch.int64)
+    has_nan = (slice_argmax < 0).any(dim=0)
+    argmax = torch.where(has_nan, torch.full_like(argmax, -1), argmax)
+    return entropy, argmax
 
 
 def _sum_low(a: torch.Tensor, b: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
@@ -211,26 +255,45 @@ def _rank_and_world(group: Any) -> Tuple[int, int]:
     return rank, world
 
 
-def stats_slots(world: int, tokens: Tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The zeroed ``[world, *tokens, 4]`` fp32 buffer of every rank's shard statistics."""
-    return torch.zeros((world,) + tuple(tokens) + (len(STATS_FIELDS),), dtype=torch.float32,
+def stats_slots(world: int, tokens: Tuple[int, ...], device: torch.device,
+                outputs: bool = False) -> torch.Tensor:
+    """The zeroed ``[world, *tokens, 4]`` fp32 buffer of every rank's shard statistics
+    (``[..., 6]`` with ``outputs``: the slices' entropy and argmax too)."""
+    fields = len(STATS_FIELDS) + (len(OUTPUT_FIELDS) if outputs else 0)
+    return torch.zeros((world,) + tuple(tokens) + (fields,), dtype=torch.float32,
                        device=device)
 
 
 def write_shard_stats(logits: torch.Tensor, labels: torch.Tensor, options: KernelOptions,
                       out: torch.Tensor) -> None:
     """This rank's statistics of ``logits`` (the slice ``options.shard``) into ``out``,
-    its slot of :func:`stats_slots` (or a range of tokens of it)."""
+    its slot of :func:`stats_slots` (or a range of tokens of it); with six fields also
+    the slice's entropy and argmax."""
     # z-loss is a function of the global lse: the combine adds it, the statistics do not.
-    _kernels.shard_stats(logits, labels, dataclasses.replace(options, z_loss=0.0), out=out)
+    options = dataclasses.replace(options, z_loss=0.0)
+    if out.shape[-1] == len(STATS_FIELDS):
+        _kernels.shard_stats(logits, labels, options, out=out)
+        return
+    if options.shard.vocab > _MAX_ARGMAX_VOCAB:
+        raise InvalidInputError(
+            f"the argmax of a vocabulary of {options.shard.vocab} ids does not fit the "
+            f"float32 statistics slot (at most {_MAX_ARGMAX_VOCAB} ids)")
+    # Buffers of their own (the runtime refuses outputs whose memory ranges interleave),
+    # copied into the slot: two token-sized copies.
+    entropy = torch.empty(out.shape[:-1], dtype=torch.float32, device=out.device)
+    argmax = torch.empty(out.shape[:-1], dtype=torch.int64, device=out.device)
+    _kernels.shard_stats(logits, labels, options, out=out[..., :len(STATS_FIELDS)],
+                         entropy=entropy, argmax=argmax)
+    out[..., len(STATS_FIELDS)].copy_(entropy)
+    out[..., len(STATS_FIELDS) + 1].copy_(argmax)
 
 
 def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
                        world: int, options: KernelOptions,
-                       vocab_local: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       vocab_local: int) -> Tuple[torch.Tensor, ...]:
     """The one all-reduce (SUM: every other slot is 0, so it is an all-gather) and the
     combine: (loss, lse, lse_low) of this rank from ``gathered`` with its own slot
-    filled."""
+    filled, and (entropy, argmax) after them when the slots have six fields."""
     if world > 1:
         torch.distributed.all_reduce(gathered, group=group)
     shard = options.shard
@@ -241,35 +304,44 @@ def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any,
         global_smoothing=shard.global_smoothing, rank=rank,
         label_out_of_range=options.label_out_of_range, with_low=True,
         logit_scale=options.logit_scale,
+        with_outputs=gathered.shape[-1] > len(STATS_FIELDS),
     )
 
 
 def _sharded_forward(logits: torch.Tensor, labels: torch.Tensor, group: Any, rank: int,
-                     world: int, options: KernelOptions
-                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse, lse_low) of this rank: its shard statistics, one all-reduce, the
-    combine."""
-    gathered = stats_slots(world, tuple(labels.shape), logits.device)
+                     world: int, options: KernelOptions, outputs: bool = False
+                     ) -> Tuple[torch.Tensor, ...]:
+    """(loss, lse, lse_low) of this rank, and (entropy, argmax) after them with
+    ``outputs``: its shard statistics, one all-reduce, the combine."""
+    gathered = stats_slots(world, tuple(labels.shape), logits.device, outputs)
     write_shard_stats(logits, labels, options, gathered[rank])
     return reduce_and_combine(gathered, labels, group, rank, world, options, logits.shape[-1])
 
 
 class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
-    """Shard statistics + all-reduce + combine now; the local gradient slice in ``backward``."""
+    """Shard statistics + all-reduce + combine now; the local gradient slice in ``backward``.
+    Returns the loss, or with ``outputs`` (loss, lse, entropy, argmax), only the loss
+    differentiable."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
                 group: Any, rank: int, world: int, options: KernelOptions,
-                overwrite: bool) -> torch.Tensor:
-        loss, lse, lse_low = _sharded_forward(logits, labels, group, rank, world, options)
+                overwrite: bool, outputs: bool = False) -> Any:
+        results = _sharded_forward(logits, labels, group, rank, world, options, outputs)
+        loss, lse, lse_low = results[:3]
         ctx.save_for_backward(logits, labels, lse, lse_low)
         ctx.options = options
         ctx.overwrite = overwrite
-        return loss
+        if not outputs:
+            return loss
+        entropy, argmax = results[3:]
+        ctx.mark_non_differentiable(lse, entropy, argmax)
+        return loss, lse, entropy, argmax
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_loss: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: torch.Tensor,  # type: ignore[override]
+                 *unused: Any) -> Tuple[Optional[torch.Tensor], ...]:
         logits, labels, lse, lse_low = ctx.saved_tensors
         if ctx.overwrite:
             _kernels.backward(logits, labels, lse, grad_loss, ctx.options, overwrite=True,
@@ -279,7 +351,7 @@ class _VocabParallelCrossEntropyFunction(torch.autograd.Function):
         else:
             grad = _kernels.backward(logits, labels, lse, grad_loss, ctx.options,
                                      overwrite=False, lse_low=lse_low)
-        return grad, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None
 
 
 def vocab_parallel_cross_entropy_vouched(
@@ -297,7 +369,10 @@ def vocab_parallel_cross_entropy_vouched(
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    return_entropy: bool = False,
+    return_argmax: bool = False,
+) -> Union[torch.Tensor, CrossEntropyResult]:
     """:func:`vocab_parallel_cross_entropy` for integrations that measured the logits'
     references themselves (see :func:`cegen.ops.cross_entropy_vouched`)."""
     options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
@@ -305,6 +380,11 @@ def vocab_parallel_cross_entropy_vouched(
                             label_out_of_range=label_out_of_range, logit_scale=logit_scale)
     overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     global_smoothing = _validate.flag("global_smoothing", global_smoothing)
+    returns = (_validate.flag("return_lse", return_lse),
+               _validate.flag("return_entropy", return_entropy),
+               _validate.flag("return_argmax", return_argmax))
+    # The slices' entropy and argmax only where asked for (the lse is the combine's own).
+    outputs = returns[1] or returns[2]
     _kernels.check_inputs(logits, labels, options)  # before any collective: every rank alike
     rank, world = _rank_and_world(group)
     vocab_local = logits.shape[-1]
@@ -313,11 +393,27 @@ def vocab_parallel_cross_entropy_vouched(
     options = dataclasses.replace(options, shard=shard)
     needs_grad = torch.is_grad_enabled() and logits.requires_grad
     if not needs_grad:
-        loss = _sharded_forward(logits, labels, group, rank, world, options)[0]
-        return loss
+        results = _sharded_forward(logits, labels, group, rank, world, options, outputs)
+        if not any(returns):
+            return results[0]
+        return _result(results[0], results[1], *(results[3:] if outputs else (None, None)),
+                       returns=returns)
     overwrite = grant_overwrite(logits, overwrite_input, python_refs, vouched_refs, stacklevel=3)
-    return _VocabParallelCrossEntropyFunction.apply(logits, labels, group, rank, world, options,
-                                                    overwrite)
+    if not any(returns):
+        return _VocabParallelCrossEntropyFunction.apply(logits, labels, group, rank, world,
+                                                        options, overwrite)
+    loss, lse, entropy, argmax = _VocabParallelCrossEntropyFunction.apply(
+        logits, labels, group, rank, world, options, overwrite, True)
+    return _result(loss, lse, entropy, argmax, returns=returns)
+
+
+def _result(loss: torch.Tensor, lse: torch.Tensor, entropy: Optional[torch.Tensor],
+            argmax: Optional[torch.Tensor], *,
+            returns: Tuple[bool, bool, bool]) -> CrossEntropyResult:
+    """The result with the outputs not asked for set to None."""
+    return CrossEntropyResult(loss, lse if returns[0] else None,
+                              entropy if returns[1] else None,
+                              argmax if returns[2] else None)
 
 
 def vocab_parallel_cross_entropy(
@@ -333,7 +429,10 @@ def vocab_parallel_cross_entropy(
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
-) -> torch.Tensor:
+    return_lse: bool = False,
+    return_entropy: bool = False,
+    return_argmax: bool = False,
+) -> Union[torch.Tensor, CrossEntropyResult]:
     """Per-token softmax cross entropy (fp32) of vocabulary-sharded logits.
 
     Every rank of ``group`` calls it with its slice of the logits and the same labels.
@@ -365,9 +464,14 @@ def vocab_parallel_cross_entropy(
             ``g (p (1 + 2 z lse) - s/V_s)``, on every rank alike.
         logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the
             softmax, as in :func:`cegen.cross_entropy` (finite, > 0).
+        return_lse, return_entropy, return_argmax: as in :func:`cegen.cross_entropy`,
+            over the whole vocabulary: the argmax is a global id (each slice's entropy
+            and best id travel in the same all-reduce, two more floats per token and
+            rank; ids below 2^24).
 
     Returns:
-        This rank's per-token loss, float32, in the labels' shape.
+        This rank's per-token loss, float32, in the labels' shape; with a ``return_*``
+        flag a :class:`cegen.CrossEntropyResult`, the same on every rank.
 
     One all-reduce of ``world * tokens * 16`` bytes in the forward, none in the backward.
     Raises as :func:`cegen.cross_entropy`.
@@ -379,5 +483,6 @@ def vocab_parallel_cross_entropy(
         ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
         global_smoothing=global_smoothing, label_layout=label_layout,
         overwrite_input=overwrite_input, label_out_of_range=label_out_of_range,
-        logit_scale=logit_scale,
+        logit_scale=logit_scale, return_lse=return_lse, return_entropy=return_entropy,
+        return_argmax=return_argmax,
     )

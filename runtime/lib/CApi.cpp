@@ -81,6 +81,8 @@ CE_EXPORT void ce_options_init(ce_options *options) {
   options->lse_low = nullptr;
   options->logit_scale = 1.0f;
   options->logit_softcap = 0.0f;
+  options->entropy = nullptr;
+  options->argmax = nullptr;
 }
 
 CE_EXPORT ce_status ce_bundle_open(const char *directory, ce_bundle **bundle) {

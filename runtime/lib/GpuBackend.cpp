@@ -26,9 +26,9 @@ namespace ce {
 
 namespace {
 
-/// At most 8 tensors (a fused kernel's 7 and lse_low) and the value
-/// arguments.
-constexpr size_t kMaxArgs = 8 + std::size(kValueRoles);
+/// At most 10 tensors (a fused kernel's with lse_low, entropy and argmax)
+/// and the value arguments.
+constexpr size_t kMaxArgs = 10 + std::size(kValueRoles);
 /// allocated, aligned, offset, sizes[3], strides[3].
 constexpr size_t kMaxFieldsPerArg = 3 + 2 * CE_MAX_RANK;
 

@@ -56,9 +56,9 @@ void *fillDescriptor(AnyMemRef &storage, const ce_tensor &tensor) {
   }
 }
 
-/// Tensors per kernel: 4 (shard_stats) to 7 (fused with a gradient).
+/// Tensors per kernel: 3 (rescale) to 10 (fused with a gradient).
 constexpr size_t kMinTensors = 3; // rescale: grad, weights, grad_loss
-constexpr size_t kMaxTensors = 8; // fused: 7 and lse_low
+constexpr size_t kMaxTensors = 10; // fused: lse_low, entropy, argmax, grad
 constexpr size_t kNumValues = std::size(kValueRoles);
 
 /// `void *`, whatever the index; spells one parameter per index below.
@@ -96,6 +96,11 @@ void callEntry(void *entry, const std::array<void *, kMaxTensors> &args,
     return callWithPointers(entry, args, values, std::make_index_sequence<7>());
   case 8:
     return callWithPointers(entry, args, values, std::make_index_sequence<8>());
+  case 9:
+    return callWithPointers(entry, args, values, std::make_index_sequence<9>());
+  case 10:
+    return callWithPointers(entry, args, values,
+                            std::make_index_sequence<10>());
   }
 }
 
@@ -111,7 +116,7 @@ Status launchHostKernel(const LoadedKernel &kernel, const LaunchPlan &plan,
     return Status::error(CE_ERROR_BACKEND,
                          "kernel \"" + info.key + "\" takes " +
                              std::to_string(info.args.size()) +
-                             " arguments; the host ABI has 3 to 8 tensors "
+                             " arguments; the host ABI has 3 to 10 tensors "
                              "and " + std::to_string(kNumValues) + " values");
   std::array<AnyMemRef, kMaxTensors> storage;
   std::array<void *, kMaxTensors> pointers{};

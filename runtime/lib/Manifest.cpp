@@ -164,7 +164,9 @@ Status ManifestReader::read(Manifest &manifest) {
             ", the only one this runtime reads (since version 3 option values "
             "such as ignore_index, label_smoothing and z_loss are kernel "
             "arguments, not compiled in; since version 4 forward, fused and "
-            "backward kernels take lse's low part, lse_low); regenerate the "
+            "backward kernels take lse's low part, lse_low; since version 5 "
+            "forward and fused kernels take the entropy and argmax "
+            "outputs); regenerate the "
             "bundle with this version's ce-gen");
   if (manifest.version > kBundleFormatVersion)
     return errorAt(

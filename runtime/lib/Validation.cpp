@@ -343,6 +343,16 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
                           op == KernelOp::Backward))
     args.push_back({"options->lse_low", ArgRole::LseLow, options.lse_low,
                     op != KernelOp::Backward});
+  // The optional outputs of a forward, a fused and a shard_stats call.
+  if (op == KernelOp::Forward || op == KernelOp::Fused ||
+      op == KernelOp::ShardStats) {
+    if (options.entropy)
+      args.push_back({"options->entropy", ArgRole::Entropy, options.entropy,
+                      true});
+    if (options.argmax)
+      args.push_back({"options->argmax", ArgRole::Argmax, options.argmax,
+                      true});
+  }
   if (takesGrad) {
     if (overwrite) {
       if (request.grad && !sameView(*request.grad, *request.logits))
@@ -459,8 +469,16 @@ Status validateLaunch(const LaunchRequest &request, LaunchPlan &plan) {
     case ArgRole::Loss:
     case ArgRole::Lse:
     case ArgRole::LseLow:
+    case ArgRole::Entropy:
     case ArgRole::GradLoss:
       if (Status status = checkDtype(arg, {CE_DTYPE_F32}, "f32");
+          !status.isOk())
+        return status;
+      if (Status status = checkTokenShaped(arg, plan); !status.isOk())
+        return status;
+      break;
+    case ArgRole::Argmax:
+      if (Status status = checkDtype(arg, {CE_DTYPE_I64}, "i64");
           !status.isOk())
         return status;
       if (Status status = checkTokenShaped(arg, plan); !status.isOk())

@@ -69,14 +69,22 @@ struct LaunchPlan {
   bool has(ArgRole role) const { return present[static_cast<int>(role)]; }
 
   /// Whether a kernel argument of `role` gets a tensor, and which: its own,
-  /// or for an absent lse_low the lse view as a placeholder (kFlagLseLow
-  /// unset: the kernel neither writes nor uses it).
+  /// or for an absent lse_low, entropy or argmax a token-shaped placeholder,
+  /// the lse view (the labels' for shard_stats, which has no lse), that the
+  /// kernel neither writes nor uses (its flag bit unset).
   bool provides(ArgRole role) const {
-    return has(role) || (role == ArgRole::LseLow && has(ArgRole::Lse));
+    return has(role) || (isOptional(role) && has(placeholderRole()));
   }
   const ce_tensor &argument(ArgRole role) const {
-    return role == ArgRole::LseLow && !has(role) ? tensor(ArgRole::Lse)
-                                                 : tensor(role);
+    return isOptional(role) && !has(role) ? tensor(placeholderRole())
+                                          : tensor(role);
+  }
+  ArgRole placeholderRole() const {
+    return has(ArgRole::Lse) ? ArgRole::Lse : ArgRole::Labels;
+  }
+  static bool isOptional(ArgRole role) {
+    return role == ArgRole::LseLow || role == ArgRole::Entropy ||
+           role == ArgRole::Argmax;
   }
 
   /// The kernel's value arguments (docs/bundle-format.md).
@@ -90,6 +98,10 @@ struct LaunchPlan {
     }
     if (has(ArgRole::LseLow))
       values.flags |= kFlagLseLow;
+    if (has(ArgRole::Entropy))
+      values.flags |= kFlagEntropy;
+    if (has(ArgRole::Argmax))
+      values.flags |= kFlagArgmax;
     values.labelSmoothing = options.label_smoothing;
     values.zLoss = options.z_loss;
     values.logitScale = options.logit_scale;

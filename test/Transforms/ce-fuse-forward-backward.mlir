@@ -168,3 +168,28 @@ func.func @no_forward(%x: memref<?x?xf32>, %y: memref<?xi64>, %g: memref<?xf32>,
   ce.backward %x, %y, %lse, %g into %dx layout = flat : memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xf32>
   return
 }
+
+// -----
+
+// The forward's entropy and argmax outputs go to the fused op, which
+// writes them from its statistics.
+
+// CHECK-LABEL: func @fuse_outputs
+// CHECK-SAME: %[[H:[^:]*]]: memref<?xf32>, %[[A:[^:]*]]: memref<?xi64>)
+// CHECK-NEXT: ce.fused {{.*}} entropy(%[[H]] : memref<?xf32>) argmax(%[[A]] : memref<?xi64>) layout = flat {overwrite_input}
+func.func @fuse_outputs(%x: memref<?x?xbf16>, %y: memref<?xi64>, %g: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %h: memref<?xf32>, %a: memref<?xi64>) {
+  ce.forward %x, %y into %loss, %lse entropy(%h : memref<?xf32>) argmax(%a : memref<?xi64>) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  ce.backward %x, %y, %lse, %g into %x layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  return
+}
+
+// -----
+
+// The upstream gradient must not be the entropy buffer the fused op writes.
+
+func.func @gradient_is_entropy(%x: memref<?x?xbf16>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %h: memref<?xf32>) {
+  ce.forward %x, %y into %loss, %lse entropy(%h : memref<?xf32>) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // expected-remark @+1 {{not fused: the upstream gradient is the forward's own entropy buffer, which the fused op writes}}
+  ce.backward %x, %y, %lse, %h into %x layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32>, memref<?xf32> into memref<?x?xbf16>
+  return
+}

@@ -667,6 +667,42 @@ def check_token_values(report: Report, p: Problem, what: str, kernel: torch.Tens
         f"{fmt(float(ref[bad[0]]))}"))
 
 
+def check_outputs(report: Report, p: Problem, z: torch.Tensor, stats: Stats,
+                  entropy: torch.Tensor, argmax: torch.Tensor, case: str) -> None:
+    """The entropy (within 2e-5 max(1, H)) and argmax (exactly: the lowest index of the
+    row's largest z, -1 for a NaN row) outputs against float64 (bundle format 5)."""
+    # sum_j q_j (log S - (z_j - m)), q = exp(z - m) / S: lse - z_j would lose log S at
+    # |z| near 1e30 (ties at the maximum: H = log(ties), lse = m in float64).
+    lse = stats.lse
+    finite = torch.isfinite(lse)
+    shifted = z - torch.where(finite, z.max(dim=1).values, torch.zeros_like(lse))[:, None]
+    w = torch.exp(shifted)
+    total = w.sum(dim=1, keepdim=True)
+    q = w / total
+    terms = torch.where(q > 0, q * (torch.log(total) - shifted), torch.zeros_like(z))
+    ref_h = torch.where(finite, terms.sum(dim=1), torch.full_like(lse, math.nan))
+    k = entropy.to(torch.float64).cpu()
+    ok = torch.where(torch.isnan(ref_h), torch.isnan(k),
+                     (k - ref_h).abs() <= 2e-5 * ref_h.abs().clamp(min=1.0))
+    bad = (~ok).nonzero().flatten().tolist()
+    if bad and os.environ.get("DEBUG_OUTPUTS"):
+        t = bad[0]
+        print("DEBUG", z.shape, z[t].min().item(), z[t].max().item(), lse[t].item(),
+              torch.isinf(z[t]).sum().item(), terms[t].sum().item(), file=sys.stderr)
+    report.check(not bad, p.key.text, case, lambda: (
+        f"entropy of {len(bad)} tokens off; first {p.where(bad[0])}: kernel "
+        f"{fmt(float(k[bad[0]]))}, reference {fmt(float(ref_h[bad[0]]))}"))
+    top = z.max(dim=1, keepdim=True).values
+    index = torch.arange(z.shape[1], dtype=torch.int64).expand_as(z)
+    first = torch.where(z == top, index, torch.full_like(index, z.shape[1])).min(dim=1).values
+    ref_a = torch.where(torch.isnan(z).any(dim=1), torch.full_like(first, -1), first)
+    a = argmax.to(torch.int64).cpu()
+    bad = (a != ref_a).nonzero().flatten().tolist()
+    report.check(not bad, p.key.text, case, lambda: (
+        f"argmax of {len(bad)} tokens off; first {p.where(bad[0])}: kernel "
+        f"{int(a[bad[0]])}, reference {int(ref_a[bad[0]])}"))
+
+
 def check_lse_low(report: Report, p: Problem, lse: torch.Tensor, low: torch.Tensor,
                   stats: Stats, case: str) -> None:
     """lse + lse_low against the float64 log-sum-exp: log(sum) to f32's precision at any
@@ -758,11 +794,24 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
     with_low = bool(torch.randint(0, 2, (1,), generator=gen))
     low = Buffer(torch.float32, p.token_shape, p.token_strides(4), dev) if with_low else None
     low_desc = h.desc(low.view, "f32") if with_low else None
+    # Every other forward and fused case also asks for the entropy and argmax (bundle
+    # format 5), each poisoned; the others leave them out (their flags off).
+    with_outputs = key.op != "backward" and bool(torch.randint(0, 2, (1,), generator=gen))
+    entropy = argmax = None
+    if with_outputs:
+        entropy = Buffer(torch.float32, p.token_shape, p.token_strides(5), dev)
+        argmax = Buffer(torch.int64, p.token_shape, p.token_strides(6), dev)
+        argmax.view.fill_(-5)
+    output_descs = ((h.desc(entropy.view, "f32"), h.desc(argmax.view, "i64"))
+                    if with_outputs else None)
 
-    def options(overwrite: bool):  # type: ignore[no-untyped-def]
+    def options(overwrite: bool, outputs: bool = True):  # type: ignore[no-untyped-def]
         opts = h.options(key, overwrite, case.megatron_labels)
         if low_desc is not None:
             opts.lse_low = ctypes.addressof(low_desc)
+        if output_descs is not None and outputs:
+            opts.entropy = ctypes.addressof(output_descs[0])
+            opts.argmax = ctypes.addressof(output_descs[1])
         return opts
 
     try:
@@ -780,7 +829,7 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
                 f_loss = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
                 f_lse = Buffer(torch.float32, p.token_shape, packed_strides(p.token_shape), dev)
                 # The forward writes the low part straight into the backward's input.
-                h.rt.forward(h.kernels[forward_text], options(False),
+                h.rt.forward(h.kernels[forward_text], options(False, outputs=False),
                              h.desc(logits.view, key.logits), h.desc(labels.view, key.labels),
                              h.desc(f_loss.view, "f32"), h.desc(f_lse.view, "f32"), stream)
                 lse_used = p.token_values(f_lse.view).to(torch.float64).cpu()
@@ -853,6 +902,12 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
             if n:
                 check_lse_low(report, p, p.token_values(lse.view), p.token_values(low.view),
                               stats, name)
+        if with_outputs:
+            report.check(entropy.padding_intact() and argmax.padding_intact(), key.text, name,
+                         lambda: "entropy or argmax padding written")
+            if n:
+                check_outputs(report, p, z, stats, p.token_values(entropy.view),
+                              p.token_values(argmax.view), name)
     if key.op != "forward" and n:
         written = logits if key.overwrite else grad
         if not key.overwrite:

@@ -18,8 +18,9 @@ Definitions (DESIGN.md section 1 and issue 17), per token row x of V logits:
   (no one-hot term for a ``"megatron"`` out-of-range label); ``dL/dx = dL/dz * dz/dx``; a
   zero row for an ignored token, whatever its logits (NaN included).
 - ``lse = log sum_j exp(z_j)``.
-- entropy ``H = lse - sum_j p_j z_j``, computed as ``sum_{p_j > 0} p_j (lse - z_j)`` (no
-  cancellation against a large lse; a ``-inf`` logit has p = 0 and adds nothing, so masked
+- entropy ``H = lse - sum_j p_j z_j``, computed as ``sum_{q_j > 0} q_j (log S - (z_j -
+  m))`` with m the row maximum, ``S = sum_j exp(z_j - m)``, ``q = exp(z - m) / S`` (no
+  cancellation against a large lse, which would also absorb log S at |z| near 1e30; a ``-inf`` logit has p = 0 and adds nothing, so masked
   vocabulary entries give a finite H). Defined where lse is finite; NaN otherwise (a row
   with a NaN, a ``+inf`` z, which only an uncapped transform gives, or all ``-inf``).
 - argmax: the index of the largest z, the lowest index on ties (ties of z: a softcap maps
@@ -95,6 +96,21 @@ def _token_rows(tensor: torch.Tensor, label_layout: str) -> torch.Tensor:
     return tensor.reshape(-1, tensor.shape[-1])
 
 
+def _entropy(z: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """``sum_j q_j (log S - (z_j - m))`` with m the row maximum, ``q = exp(z - m) / S``:
+    every term non-negative, and exact where lse would absorb log S (z near 1e30 with
+    ties at the maximum: lse - z_j is 0 in float64 there, the entropy log(ties) is not);
+    NaN where lse is not finite."""
+    finite = torch.isfinite(lse)
+    top = torch.where(finite, z.max(dim=-1).values, torch.zeros_like(lse)).unsqueeze(1)
+    shifted = z - top
+    w = torch.exp(shifted)
+    total = w.sum(dim=-1, keepdim=True)
+    q = w / total
+    terms = torch.where(q > 0, q * (torch.log(total) - shifted), torch.zeros_like(q))
+    return torch.where(finite, terms.sum(dim=-1), torch.full_like(lse, math.nan))
+
+
 def _row_argmax(z: torch.Tensor) -> torch.Tensor:
     """Lowest index of each row's maximum; -1 for a row with a NaN."""
     vocab = z.shape[-1]
@@ -135,9 +151,7 @@ def reference_outputs(logits: torch.Tensor, labels: torch.Tensor, *,
     loss = torch.where(ignored, torch.zeros_like(loss), loss)
 
     p = torch.exp(z - lse.unsqueeze(1))
-    terms = torch.where(p > 0, p * (lse.unsqueeze(1) - z), torch.zeros_like(p))
-    entropy = torch.where(torch.isfinite(lse), terms.sum(dim=-1),
-                          torch.full_like(lse, math.nan))
+    entropy = _entropy(z, lse)
     argmax = _row_argmax(z)
 
     g = (torch.ones_like(loss) if grad_loss is None

@@ -89,6 +89,24 @@ def run_case(case: Dict[str, Any], rank: int, world: int, group: Any) -> Dict[st
     }
 
 
+def run_outputs(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
+    """``return_lse/return_entropy/return_argmax`` of ``vocab_parallel_cross_entropy`` on
+    this rank's slice: the combined outputs and the loss's gradient slice, or the error."""
+    logits = vocab_slice(spec["logits"], rank, world).requires_grad_(True)
+    try:
+        with _kernels.poison_outputs():
+            result = cegen.vocab_parallel_cross_entropy(
+                logits, spec["labels"], logit_scale=spec["logit_scale"],
+                label_out_of_range="megatron", return_lse=True, return_entropy=True,
+                return_argmax=True)
+            result.loss.sum().backward()
+    except Exception as error:  # recorded, as run_case does
+        return {"error": type(error).__name__, "message": str(error),
+                "traceback": traceback.format_exc()}
+    return {"loss": result.loss.detach(), "lse": result.lse, "entropy": result.entropy,
+            "argmax": result.argmax, "grad": logits.grad}
+
+
 class ListHandler(logging.Handler):
     """Keeps the messages of a logger."""
 
@@ -316,6 +334,8 @@ def main() -> None:
     if args.world == 2 and "megatron_output_layer" in inputs:
         results["megatron_output_layer"] = run_megatron_output_layer(
             inputs["megatron_output_layer"], args.rank, args.world)
+    if "outputs" in inputs:
+        results["outputs"] = run_outputs(inputs["outputs"], args.rank, args.world)
     if "linear" in inputs:  # test_linear_cross_entropy.py's vocab-parallel weights
         from _linear_parallel_cases import run_cases
 

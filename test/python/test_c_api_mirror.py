@@ -109,21 +109,24 @@ class TestCApiMirror(unittest.TestCase):
                     self.assertEqual(getattr(py_type, "_type_", py_type),
                                      getattr(want, "_type_", want), f"{c_name}.{name}")
 
-    def test_logit_scale(self) -> None:
-        # ce_options.logit_scale (issue 17): the last field, a float, 1 after
-        # ce_options_init (a zeroed struct would be refused: the scale must be > 0).
+    def test_logit_scale_softcap_and_outputs(self) -> None:
+        # ce_options' last four fields (issue 17): logit_scale, a float, 1 after
+        # ce_options_init (a zeroed struct would be refused: the scale must be > 0);
+        # logit_softcap, a float, 0 (no softcap); then the entropy and argmax outputs
+        # (bundle format 5), NULL.
         fields = header_structs(self.text)["ce_options"]
-        self.assertEqual(fields[-2][:2], ("logit_scale", "float"))
-        self.assertEqual(_runtime.Options._fields_[-2], ("logit_scale", ctypes.c_float))
-        self.assertEqual(_runtime.get_runtime().default_options().logit_scale, 1.0)
-
-    def test_logit_softcap(self) -> None:
-        # ce_options.logit_softcap (issue 17): the last field, a float, 0 (no softcap)
-        # after ce_options_init.
-        fields = header_structs(self.text)["ce_options"]
-        self.assertEqual(fields[-1][:2], ("logit_softcap", "float"))
-        self.assertEqual(_runtime.Options._fields_[-1], ("logit_softcap", ctypes.c_float))
-        self.assertEqual(_runtime.get_runtime().default_options().logit_softcap, 0.0)
+        self.assertEqual([f[:2] for f in fields[-4:]],
+                         [("logit_scale", "float"), ("logit_softcap", "float"),
+                          ("entropy", "const struct ce_tensor *"),
+                          ("argmax", "const struct ce_tensor *")])
+        self.assertEqual(_runtime.Options._fields_[-4], ("logit_scale", ctypes.c_float))
+        self.assertEqual(_runtime.Options._fields_[-3], ("logit_softcap", ctypes.c_float))
+        self.assertEqual([f[0] for f in _runtime.Options._fields_[-2:]], ["entropy", "argmax"])
+        options = _runtime.get_runtime().default_options()
+        self.assertEqual(options.logit_scale, 1.0)
+        self.assertEqual(options.logit_softcap, 0.0)
+        self.assertIsNone(options.entropy)
+        self.assertIsNone(options.argmax)
 
     def test_parser_sees_every_enum_value(self) -> None:
         # The parser itself must not drop values (a guard for this test).

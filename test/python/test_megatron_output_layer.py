@@ -10,7 +10,9 @@ implementations on Megatron's SFT labels; a Megatron training step with
 --turbo-ce-fused-gradient, where the forward's gradients must be the answer (no recompute, the
 factor between the prediction and the upstream that arrives exactly 1), a loss_func with
 per-token weights (reported, and right with the setting off) and a step without a loss mask
-(nothing predicted).
+(nothing predicted); MuP's output multiplier (use_mup, mup_output_mult) applied in the kernels
+as the logit scale, and through the loss patch alone, where _scale_logits has already scaled
+the logits.
 Every case it does not cover logs its reason once and runs GPTModel's post-processing
 unchanged (bitwise the output without the flag).
 """
@@ -217,12 +219,15 @@ class TestFusedGradientStep(OutputLayerTestCase):
 
     def check(self, micro_batches: int, scale: Optional[float], per_token: bool,
               loss_func: Any, recomputes: List[str], fused_gradient: bool = True,
-              factors: Optional[List[float]] = None, with_mask: bool = True) -> None:
+              factors: Optional[List[float]] = None, with_mask: bool = True,
+              **model: Any) -> None:
         """Our step (recomputes: linear's, "all" or "d weight"; factors: the ones the
-        backward found) against the float64 step without cegen."""
+        backward found) against the float64 step without cegen; ``model``: more of the
+        model's config."""
         scale_tensor = None if scale is None else torch.tensor([scale])
         config = dict(calculate_per_token_loss=per_token,
-                      grad_scale_func=None if scale is None else (lambda loss: scale_tensor * loss))
+                      grad_scale_func=None if scale is None else (lambda loss: scale_tensor * loss),
+                      **model)
         data = inputs(offset=micro_batches)
         install(fused_gradient=fused_gradient)
         calls: List[str] = []
@@ -260,6 +265,12 @@ class TestFusedGradientStep(OutputLayerTestCase):
             with self.subTest(micro_batches=micro_batches, scale=scale, per_token=per_token):
                 self.check(micro_batches, scale, per_token, pretrain_loss_func, recomputes=[],
                            factors=[1.0])
+
+    def test_mup(self) -> None:
+        """MuP's output multiplier as the logit scale (TestMuP): the forward's gradients are
+        of the scaled logits and used as they are (the backward's factor exactly 1)."""
+        self.check(2, 1024.0, False, pretrain_loss_func, recomputes=[], factors=[1.0],
+                   use_mup=True, mup_output_mult=0.25)
 
     def test_micro_batch_count_changed_after_forward(self) -> None:
         """The prediction off by a factor (the micro-batch count changed between forward
@@ -300,6 +311,67 @@ class TestFusedGradientStep(OutputLayerTestCase):
         recomputes the logits, right for the step's upstream."""
         self.check(2, 2.0, False, pretrain_loss_func, recomputes=["all"], factors=[],
                    with_mask=False)
+
+
+@S.requires_kernels
+class TestMuP(OutputLayerTestCase):
+    """MuP (use_mup): GPTModel._postprocess multiplies the output layer's logits by
+    mup_output_mult (_scale_logits) before the loss. The fused output layer applies it in the
+    kernels as the logit scale; the loss patch alone receives the scaled logits and applies
+    nothing more. Both against the float64 post-processing without cegen (its own
+    _scale_logits), and the scale must matter: the unscaled loss is far from it."""
+
+    def check_mup(self, fuse: bool, multiplier: float, offset: int, *, overwrite: bool = False,
+                  **model: Any) -> None:
+        data = inputs("sft" if model.get("impl") == "te" else "plain", offset=offset)
+        turbo_ce.install(turbo_ce.TurboCESettings(use_turbo_cross_entropy=True,
+                                                  turbo_ce_fused_gradient=False,
+                                                  turbo_ce_overwrite_input=overwrite,
+                                                  turbo_ce_fuse_output_layer=fuse))
+        before = (gpt_model.CALLS["output_layer"],
+                  language_module.CALLS["compute_language_model_loss"])
+        with self.assertNoLogs("cegen.megatron", level="WARNING"):
+            ours = run(make_gpt(use_mup=True, mup_output_mult=multiplier, **model), data)
+        # Megatron's loss never runs (cegen's does); its output layer only without fusing.
+        self.assertEqual((gpt_model.CALLS["output_layer"],
+                          language_module.CALLS["compute_language_model_loss"]),
+                         (before[0] + (0 if fuse else 1), before[1]),
+                         "the output layer's and Megatron's loss's runs")
+        impl = model.pop("impl", "native")
+        theirs = reference(data, impl, use_mup=True, mup_output_mult=multiplier, **model)
+        self.assert_close_all(ours, theirs, f"fuse={fuse} mup_output_mult={multiplier} {model}")
+        unscaled = reference(data, impl, **model)[0]
+        self.assertGreater(float((unscaled - theirs[0]).abs().max()), 1e-2,
+                           "the multiplier does not change the loss: nothing is tested")
+
+    def test_fused_output_layer(self) -> None:
+        cases = [(0.25, dict()), (1 / 3, dict(share=True)), (0.125, dict(bias=True, impl="te")),
+                 (6.0, dict(bias=True))]
+        for index, (multiplier, model) in enumerate(cases):
+            with self.subTest(multiplier=multiplier, **model):
+                self.check_mup(True, multiplier, 40 + 10 * index, **model)
+
+    def test_loss_patch_alone(self) -> None:
+        for index, (multiplier, overwrite) in enumerate(((0.25, False), (1 / 3, True))):
+            with self.subTest(multiplier=multiplier, overwrite=overwrite):
+                self.check_mup(False, multiplier, 90 + 10 * index, overwrite=overwrite)
+
+    def test_the_scale_megatron_applies(self) -> None:
+        """use_mup off, or a multiplier of 1: no scale; otherwise the multiplier, rounded
+        to float32."""
+        for config, scale in ((dict(mup_output_mult=0.25), 1.0),
+                              (dict(use_mup=True), 1.0),
+                              (dict(use_mup=True, mup_output_mult=0.25), 0.25),
+                              (dict(use_mup=True, mup_output_mult=1 / 3),
+                               float(torch.tensor(1 / 3, dtype=torch.float32)))):
+            with self.subTest(**config):
+                self.assertEqual(turbo_ce._mup_logit_scale(make_gpt(**config)), (None, scale))
+        for multiplier in (float("inf"), float("nan"), 1e39, 1e-50, -0.5, 0.0, "0.5", True):
+            with self.subTest(multiplier=multiplier):
+                reason, scale = turbo_ce._mup_logit_scale(
+                    make_gpt(use_mup=True, mup_output_mult=multiplier))
+                self.assertRegex(reason or "", "is not a logit scale cegen can apply")
+                self.assertEqual(scale, 1.0)
 
 
 class TestFallback(OutputLayerTestCase):
@@ -357,7 +429,8 @@ class TestFallback(OutputLayerTestCase):
 
     def test_config_cases(self) -> None:
         cases = [
-            (dict(use_mup=True, mup_output_mult=0.5), r"MuP scales the logits"),
+            (dict(use_mup=True, mup_output_mult=-0.5), r"mup_output_mult=-0.5 is not a logit scale"),
+            (dict(use_mup=True, mup_output_mult=0.0), r"mup_output_mult=0.0 is not a logit scale"),
             (dict(config_logger_dir="/nonexistent"), "the config logger records the logits"),
             (dict(defer_embedding_wgrad_compute=True), "defer_embedding_wgrad_compute"),
             (dict(cuda_graph_impl="full_iteration"), "full-iteration CUDA graphs"),
@@ -401,6 +474,47 @@ class TestFallback(OutputLayerTestCase):
         self.assert_falls_back(lambda: OwnLoss(config, HIDDEN, VOCAB, pg_collection=groups,
                                                output_weight=weight.clone()),
                                "compute_language_model_loss is not cegen's")
+
+    def test_own_logit_scaling(self) -> None:
+        """A _scale_logits that is not Megatron-Core's (a subclass's, an instance's): its
+        transform is not known, GPTModel's post-processing runs it."""
+        class SoftcappedLogits(GPTModel):
+            def _scale_logits(self, logits):  # type: ignore[no-untyped-def]
+                return 30.0 * torch.tanh(super()._scale_logits(logits) / 30.0)
+
+        config = TransformerConfig(cross_entropy_loss_fusion=True, use_mup=True,
+                                   mup_output_mult=0.5)
+        groups = ProcessGroupCollection(tp=FakeProcessGroup(1), cp=FakeProcessGroup(1),
+                                        pp=FakeProcessGroup(1), embd=None)
+        weight = make_gpt().output_layer.weight.detach()
+        self.assert_falls_back(lambda: SoftcappedLogits(config, HIDDEN, VOCAB, pg_collection=groups,
+                                                        output_weight=weight.clone()),
+                               r"_scale_logits is defined by .*SoftcappedLogits, not")
+
+        def instance() -> GPTModel:
+            model = make_gpt(use_mup=True, mup_output_mult=0.5)
+            model._scale_logits = lambda logits: logits * 0.5  # type: ignore[method-assign]
+            return model
+
+        self.assert_falls_back(instance, "_scale_logits is defined by the instance")
+
+    def test_bridge_softcapped_output_layer(self) -> None:
+        """Megatron-Bridge's Gemma2/Gemma4 output layer: its class, made by extend_instance,
+        takes ColumnParallelLinear's name over (Gemma2OutputLayer, ColumnParallelLinear); its
+        forward softcaps the logits. Not fused: the loss patch gets the capped logits."""
+        class Gemma2OutputLayer(torch.nn.Module):
+            def forward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+                output, bias = super().forward(*args, **kwargs)
+                return 30.0 * torch.tanh(output / 30.0), bias
+
+        def make() -> GPTModel:
+            model = make_gpt()
+            layer = model.output_layer  # megatron.bridge.models.gemma.modules.extend_instance
+            layer.__class__ = type(type(layer).__name__, (Gemma2OutputLayer, type(layer)), {})
+            return model
+
+        self.assert_falls_back(make, "the output layer is a ColumnParallelLinear with "
+                                     "Gemma2OutputLayer mixed in, not Megatron-Core's")
 
     def test_another_output_layer(self) -> None:
         class OwnLayer(ColumnParallelLinear):

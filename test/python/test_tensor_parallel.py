@@ -38,6 +38,7 @@ import torch
 
 import cegen
 from cegen import _config, _kernels
+from _reference_outputs import reference_outputs
 
 #: A vocabulary every tested TP size divides (the slices are 67, 134 and 268 wide).
 VOCAB = 4 * 67
@@ -544,6 +545,21 @@ def materialize(case: Case, offset: int) -> Dict[str, Any]:
             "options": options, "no_grad": case.no_grad}
 
 
+def outputs_inputs(tokens: int = 11, vocab: int = 256) -> Dict[str, Any]:
+    """Logits for the outputs case: random rows and a tie across slices (ids 5 and 200:
+    ranks 0 and 1 at TP = 2, 0 and 3 at TP = 4), a NaN, a -inf slice, an all -inf row,
+    a large offset; labels with one outside the vocabulary (Megatron's contract)."""
+    x = S.random_logits((tokens, vocab), torch.float32, offset=1900)
+    x[0, 5] = x[0, 200] = x[0].max() + 1.0
+    x[1, 150] = math.nan
+    x[2, : vocab // 2] = -math.inf
+    x[3] = -math.inf
+    x[4] += 1.0e4
+    labels = S.random_labels((tokens,), vocab, offset=1901)
+    labels[5] = vocab + 3
+    return {"logits": x, "labels": labels, "logit_scale": 0.75}
+
+
 def megatron_inputs(seq: int = 7, batch: int = 3, hidden_size: int = 16) -> Dict[str, torch.Tensor]:
     hidden = S.random_logits((seq, batch, hidden_size), scale=1.0, offset=900)
     weight = S.random_logits((VOCAB, hidden_size), scale=hidden_size ** -0.5, offset=901)
@@ -675,8 +691,9 @@ class TestProcessGroups(unittest.TestCase):
         cls.megatron = megatron_inputs()
         cls.output_layer = output_layer_inputs()
         path = directory / "inputs.pt"
+        cls.outputs = outputs_inputs()
         torch.save({"cases": cases, "subgroup_cases": SUBGROUP_CASES, "megatron": cls.megatron,
-                    "megatron_output_layer": cls.output_layer}, path)
+                    "megatron_output_layer": cls.output_layer, "outputs": cls.outputs}, path)
         deadline = time.monotonic() + GROUP_TIMEOUT_S
         groups = {world: start_group(world, path, directory) for world in cls.WORLDS}  # concurrently
         failures = []
@@ -749,6 +766,35 @@ class TestProcessGroups(unittest.TestCase):
             with self.subTest(case=name):
                 self.check_case(case, 2, results[:2])
                 self.check_case(case, 2, results[2:])
+
+    def test_outputs_over_the_whole_vocabulary(self) -> None:
+        # lse, entropy and the global argmax (issue 17) of every rank against float64, the
+        # same on every rank; ties across slices go to the lower id, a NaN gives -1.
+        spec = self.outputs
+        ref = reference_outputs(spec["logits"], spec["labels"], logit_scale=spec["logit_scale"],
+                                label_out_of_range="megatron")
+        finite = torch.isfinite(ref.lse)
+        for world in self.WORLDS:
+            ranks = [r["outputs"] for r in self.results[world]]
+            for rank, result in enumerate(ranks):
+                what = f"world={world} rank={rank}"
+                self.assertNotIn("error", result, result.get("traceback"))
+                self.assertTrue(torch.equal(result["argmax"], ref.argmax),
+                                f"argmax {what}: {result['argmax'].tolist()} vs "
+                                f"{ref.argmax.tolist()}")
+                self.assertTrue(torch.equal(torch.isnan(result["entropy"]), ~finite), what)
+                S.assert_close(self, result["entropy"][finite], ref.entropy[finite], 2e-5,
+                               2e-5, "entropy " + what)
+                S.assert_close(self, result["lse"][finite], ref.lse[finite], 1e-6, 1e-6,
+                               "lse " + what)
+                for name in ("loss", "lse", "entropy", "argmax"):
+                    self.assertTrue(torch.equal(result[name].nan_to_num(7.0),
+                                                ranks[0][name].nan_to_num(7.0)),
+                                    f"{name} {what} differs from rank 0")
+            grad = torch.cat([r["grad"] for r in ranks], dim=-1)
+            rows = finite.nonzero().flatten()
+            S.assert_close(self, grad[rows], ref.grad[rows], *S.GRAD_TOLERANCE[torch.float32],
+                           f"gradient world={world}")
 
     def test_bad_label_raises_on_every_rank(self) -> None:
         for world in self.WORLDS:

@@ -608,25 +608,29 @@ TEST(BundleIntegrity, ChangedManifestNamesBothHashes) {
 }
 
 TEST(BundleIntegrity, OlderVersionsAreRefusedEvenWithIntactHashes) {
-  // A version 1, 2 or 3 bundle whose object and manifest are intact
-  // (version 1 may carry both hashes too) is refused: its kernels take no
-  // value arguments, or no lse_low (version 3). The message names both versions; no object is loaded.
+  // A version 1 to 4 bundle whose object and manifest are intact (version
+  // 1 may carry both hashes too) is refused: its kernels take no value
+  // arguments, no lse_low (version 3), or no entropy and argmax (version
+  // 4). The message names both versions; no object is loaded.
   std::string hash = sha256Of(fakeKernelBytes());
   std::string v1 =
       replaceOnce(oneKernel(1), "\"kind\": \"shared-object\"",
                   "\"kind\": \"shared-object\", \"sha256\": \"" + hash + "\"");
-  for (const std::string &manifest :
-       {oneKernel(1), v1, oneKernel(2), oneKernel(3)}) {
+  const std::pair<std::string, int> manifests[] = {{oneKernel(1), 1},
+                                                   {v1, 1},
+                                                   {oneKernel(2), 2},
+                                                   {oneKernel(3), 3},
+                                                   {oneKernel(4), 4}};
+  for (const auto &[manifest, version] : manifests) {
+    SCOPED_TRACE(version);
     TempDir dir;
     writeBundle(dir, fakeKernelBytes(), manifest);
     std::string message = openFails(dir.path());
     EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
-    EXPECT_THAT(message, HasSubstr(" is older than version 4, the only one "
+    EXPECT_THAT(message, HasSubstr(" is older than version 5, the only one "
                                    "this runtime reads"));
     EXPECT_THAT(message, HasSubstr("bundle format version " +
-                                   std::string(manifest == oneKernel(3)   ? "3"
-                                               : manifest == oneKernel(2) ? "2"
-                                                                          : "1")));
+                                   std::to_string(version) + " is older"));
   }
 }
 

@@ -181,19 +181,19 @@ TEST(BundleOpen, WrongFormat) {
 TEST(BundleOpen, NewerVersionNamesBothVersions) {
   TempDir dir;
   std::string manifest =
-      replaceOnce(oneKernelManifest(), kVersion, "\"version\": 5");
+      replaceOnce(oneKernelManifest(), kVersion, "\"version\": 6");
   // A newer version may change anything, so nothing else is read.
-  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v5\"");
+  manifest = replaceOnce(manifest, "\"kernels\"", "\"kernels-v6\"");
   std::string message = openFails(writeBundle(dir, manifest));
-  EXPECT_THAT(message, HasSubstr("bundle format version 5 is newer than "
-                                 "version 4"));
+  EXPECT_THAT(message, HasSubstr("bundle format version 6 is newer than "
+                                 "version 5"));
 }
 
 TEST(BundleOpen, OlderVersionsAreRefusedNamingBothVersions) {
   // Versions 1 and 2 compiled the option values into the kernels, which
-  // took no value arguments; version 3's took no lse_low: a version 4
-  // runtime cannot call them.
-  for (int version : {1, 2, 3}) {
+  // took no value arguments; version 3's took no lse_low, version 4's no
+  // entropy and argmax: a version 5 runtime cannot call them.
+  for (int version : {1, 2, 3, 4}) {
     SCOPED_TRACE(version);
     TempDir dir;
     std::string message = openFails(writeBundle(
@@ -201,7 +201,7 @@ TEST(BundleOpen, OlderVersionsAreRefusedNamingBothVersions) {
     EXPECT_THAT(message, HasSubstr(dir.path() + "/manifest.json"));
     EXPECT_THAT(message,
                 HasSubstr("bundle format version " + std::to_string(version) +
-                          " is older than version 4"));
+                          " is older than version 5"));
     EXPECT_THAT(message, HasSubstr("regenerate the bundle"));
   }
 }
@@ -351,8 +351,8 @@ TEST(BundleOpen, DuplicateKernel) {
 TEST(BundleOpen, ArgsMustFitTheVariant) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  // canonical: logits, labels, loss, lse, lse_low, status, then the eight
-  // values.
+  // canonical: logits, labels, loss, lse, lse_low, entropy, argmax,
+  // status, then the eight values.
   auto with = [&](const std::function<void(Args &)> &change) {
     Args args = canonical;
     change(args);
@@ -373,14 +373,35 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
        }),
        "expected f32 of rank 2"},
       {with([](Args &a) {
-         a.insert(a.begin() + 5, {"grad", 2, "f32"});
+         a.insert(a.begin() + 7, {"grad", 2, "f32"});
        }),
-       "args[5]: argument role \"grad\" where this variant takes "
+       "args[7]: argument role \"grad\" where this variant takes "
        "\"status\""},
-      // A version 3 kernel's list: no lse_low.
-      {with([](Args &a) { a.erase(a.begin() + 4); }),
+      // A version 3 kernel's list: no lse_low, entropy or argmax.
+      {with([](Args &a) { a.erase(a.begin() + 4, a.begin() + 7); }),
        "args[4]: argument role \"status\" where this variant takes "
        "\"lse_low\""},
+      // A version 4 kernel's list: no entropy or argmax.
+      {with([](Args &a) { a.erase(a.begin() + 5, a.begin() + 7); }),
+       "args[5]: argument role \"status\" where this variant takes "
+       "\"entropy\""},
+      // The two outputs in the other order.
+      {with([](Args &a) { std::swap(a[5], a[6]); }),
+       "args[5]: argument role \"argmax\" where this variant takes "
+       "\"entropy\""},
+      // The outputs' element types are the ABI's: f32 entropy, i64 argmax.
+      {with([](Args &a) {
+         a[6] = {"argmax", 1, "f32"};
+       }),
+       "\"argmax\" is f32 of rank 1, expected i64 of rank 1"},
+      {with([](Args &a) {
+         a[5] = {"entropy", 1, "i64"};
+       }),
+       "\"entropy\" is i64 of rank 1, expected f32 of rank 1"},
+      {with([](Args &a) {
+         a[5] = {"entropy", 2, "f32"};
+       }),
+       "\"entropy\" is f32 of rank 2, expected f32 of rank 1"},
       {with([](Args &a) {
          a.insert(a.begin() + 3, {"loss", 1, "f32"});
        }),
@@ -390,10 +411,10 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
       {with([](Args &a) { std::swap(a[2], a[3]); }),
        "args[2]: argument role \"lse\" where this variant takes \"loss\""},
       // The tensors and the flags only.
-      {with([](Args &a) { a.resize(7); }),
+      {with([](Args &a) { a.resize(9); }),
        "missing argument role \"ignore_index\""},
       // The tensors only.
-      {with([](Args &a) { a.resize(6); }), "missing argument role \"flags\""},
+      {with([](Args &a) { a.resize(8); }), "missing argument role \"flags\""},
       {with([](Args &a) {
          a.push_back({"flags", 0, "i64"});
        }),
@@ -422,41 +443,41 @@ TEST(BundleOpen, ArgsMustFitTheVariant) {
 TEST(BundleOpen, ValuesAreTrailingScalarsInAFixedOrder) {
   using Args = std::vector<std::tuple<std::string, int, std::string>>;
   const Args canonical = canonicalArgs(forwardKey());
-  ASSERT_EQ(canonical.size(), 14u);
+  ASSERT_EQ(canonical.size(), 16u);
   auto with = [&](size_t index, std::tuple<std::string, int, std::string> arg) {
     Args args = canonical;
     args[index] = std::move(arg);
     return args;
   };
   Args valuesFirst = canonical;
-  std::rotate(valuesFirst.begin(), valuesFirst.begin() + 6, valuesFirst.end());
+  std::rotate(valuesFirst.begin(), valuesFirst.begin() + 8, valuesFirst.end());
   Args swapped = canonical;
-  std::swap(swapped[8], swapped[9]);
+  std::swap(swapped[10], swapped[11]);
   struct Case {
     Args args;
     const char *message; ///< nullptr: the bundle opens
   } cases[] = {
       {canonical, nullptr},
-      {with(6, {"flags", 1, "i64"}),
+      {with(8, {"flags", 1, "i64"}),
        "argument \"flags\" is i64 of rank 1, expected i64 of rank 0 (by "
        "value)"},
-      {with(7, {"ignore_index", 0, "i32"}),
+      {with(9, {"ignore_index", 0, "i32"}),
        "argument \"ignore_index\" is i32 of rank 0, expected i64 of rank 0 "
        "(by value)"},
-      {with(8, {"label_smoothing", 0, "i64"}),
+      {with(10, {"label_smoothing", 0, "i64"}),
        "argument \"label_smoothing\" is i64 of rank 0, expected f32 of rank "
        "0 (by value)"},
-      {with(9, {"z_loss", 0, "bf16"}),
+      {with(11, {"z_loss", 0, "bf16"}),
        "argument \"z_loss\" is bf16 of rank 0, expected f32 of rank 0"},
-      {with(11, {"shard_vocab", 0, "f32"}),
+      {with(13, {"shard_vocab", 0, "f32"}),
        "argument \"shard_vocab\" is f32 of rank 0, expected i64 of rank 0"},
-      {with(12, {"logit_scale", 0, "i64"}),
+      {with(14, {"logit_scale", 0, "i64"}),
        "argument \"logit_scale\" is i64 of rank 0, expected f32 of rank 0"},
-      {with(13, {"logit_softcap", 0, "i64"}),
+      {with(15, {"logit_softcap", 0, "i64"}),
        "argument \"logit_softcap\" is i64 of rank 0, expected f32 of rank 0"},
       {valuesFirst, "args[0]: argument role \"flags\" where this variant takes "
                     "\"logits\""},
-      {swapped, "args[8]: argument role \"z_loss\" where this variant takes "
+      {swapped, "args[10]: argument role \"z_loss\" where this variant takes "
                 "\"label_smoothing\""},
   };
   for (const Case &c : cases) {

@@ -262,7 +262,8 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
   EXPECT_EQ(s.stream, fakeStream(7));
   ASSERT_EQ(s.numParams, paramCount(key));
   // logits [5, 7] strides [10, 1]; labels [5] stride 3; loss [5] stride 2;
-  // lse [5] stride 1; lse_low as lse; status [1] stride 1.
+  // lse [5] stride 1; lse_low, entropy and argmax as lse; status [1]
+  // stride 1.
   auto ptr = [](const void *p) { return uint64_t(uintptr_t(p)); };
   std::vector<uint64_t> expected = {ptr(p.logits.data()),
                                     ptr(p.logits.data()),
@@ -286,8 +287,20 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
                                     0,
                                     5,
                                     1,
-                                    // lse_low: without options->lse_low,
-                                    // the lse's view (flag bit 3 off).
+                                    // lse_low, entropy, argmax: without
+                                    // options->lse_low, entropy and
+                                    // argmax, the lse's view (flag bits
+                                    // 3 to 5 off).
+                                    ptr(p.lse.data()),
+                                    ptr(p.lse.data()),
+                                    0,
+                                    5,
+                                    1,
+                                    ptr(p.lse.data()),
+                                    ptr(p.lse.data()),
+                                    0,
+                                    5,
+                                    1,
                                     ptr(p.lse.data()),
                                     ptr(p.lse.data()),
                                     0,
@@ -297,21 +310,104 @@ TEST_P(GpuTest, PicksTheDevicesTargetAndPassesDescriptorFields) {
     EXPECT_EQ(s.params[i], expected[i]) << "parameter " << i;
   // The status word: allocated == aligned, offset 0, size 1, stride 1,
   // zero, in memory the runtime owns.
-  EXPECT_EQ(s.params[27], s.params[28]);
-  EXPECT_NE(s.params[27], 0u);
-  EXPECT_EQ(s.params[29], 0u);
-  EXPECT_EQ(s.params[30], 1u);
-  EXPECT_EQ(s.params[31], 1u);
+  EXPECT_EQ(s.params[37], s.params[38]);
+  EXPECT_NE(s.params[37], 0u);
+  EXPECT_EQ(s.params[39], 0u);
+  EXPECT_EQ(s.params[40], 1u);
+  EXPECT_EQ(s.params[41], 1u);
   // The values last: all 0 by default but the slice, [0, V) of V, and the
   // logit scale 1 (the softcap, last, is 0: none).
-  ASSERT_EQ(s.numParams, 32 + kValueParams);
-  for (int i = 32; i < 32 + kValueParams - 3; ++i)
+  ASSERT_EQ(s.numParams, 42 + kValueParams);
+  for (int i = 42; i < 42 + kValueParams - 3; ++i)
     EXPECT_EQ(s.params[i], 0u) << "parameter " << i;
-  EXPECT_EQ(s.params[32 + kValueParams - 3], 7u);
-  EXPECT_EQ(s.params[32 + kValueParams - 2], f32Param(1.0f));
-  EXPECT_EQ(s.params[32 + kValueParams - 1], f32Param(0.0f));
+  EXPECT_EQ(s.params[42 + kValueParams - 3], 7u);
+  EXPECT_EQ(s.params[42 + kValueParams - 2], f32Param(1.0f));
+  EXPECT_EQ(s.params[42 + kValueParams - 1], f32Param(0.0f));
   EXPECT_EQ(*lastStatusWord(), 0);
   EXPECT_EQ(ce_check_label_status(device(), 0, fakeStream(7), 1), CE_OK);
+}
+
+TEST_P(GpuTest, EntropyAndArgmaxAreTheirOwnDescriptorsWhenGiven) {
+  // options->entropy and options->argmax replace the lse placeholders in
+  // the forward's and the fused kernel's parameters (after lse_low), and
+  // set flag bits 4 and 5, each on its own.
+  KernelVariantKey forward = forwardKey();
+  KernelVariantKey fused = forwardKey();
+  fused.op = KernelOp::Fused;
+  fused.weights = WeightsKind::Token;
+  GpuBundle bundle({target()},
+                   {{forward, "ce_forward_0"}, {fused, "ce_fused_0"}});
+  GpuProblem p(device(), 0);
+  std::vector<float> entropy(2 * p.n);
+  std::vector<int64_t> argmax(p.n);
+  ce_tensor tEntropy = view(entropy.data(), CE_DTYPE_F32, {p.n}, {2});
+  ce_tensor tArgmax = packed(argmax.data(), CE_DTYPE_I64, {p.n});
+  for (ce_tensor *t : {&tEntropy, &tArgmax}) {
+    t->device = device();
+    t->device_index = 0;
+  }
+  std::vector<float> grad(p.n * p.v);
+  ce_tensor tGrad = packed(grad.data(), CE_DTYPE_F32, {p.n, p.v});
+  tGrad.device = device();
+  float weight = 1.0f;
+  ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+  tWeight.device = device();
+  auto ptr = [](const void *q) { return uint64_t(uintptr_t(q)); };
+  /// A token tensor's 5 descriptor fields from parameter `firstField` on.
+  struct Want {
+    const void *data;
+    uint64_t stride;
+  };
+  auto expectToken = [&](int firstField, Want want) {
+    const FakeGpuState &s = state();
+    EXPECT_EQ(s.params[firstField], ptr(want.data));
+    EXPECT_EQ(s.params[firstField + 1], ptr(want.data));
+    EXPECT_EQ(s.params[firstField + 2], 0u);
+    EXPECT_EQ(s.params[firstField + 3], uint64_t(p.n));
+    EXPECT_EQ(s.params[firstField + 4], want.stride);
+  };
+  for (int given = 1; given <= 3; ++given) {
+    SCOPED_TRACE(given);
+    bool withEntropy = given & 1, withArgmax = given & 2;
+    ce_options options;
+    ce_options_init(&options);
+    options.entropy = withEntropy ? &tEntropy : nullptr;
+    options.argmax = withArgmax ? &tArgmax : nullptr;
+    int64_t flags = (withEntropy ? int64_t{kFlagEntropy} : 0) |
+                    (withArgmax ? int64_t{kFlagArgmax} : 0);
+    Want wantEntropy =
+        withEntropy ? Want{entropy.data(), 2} : Want{p.lse.data(), 1};
+    Want wantArgmax =
+        withArgmax ? Want{argmax.data(), 1} : Want{p.lse.data(), 1};
+    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, fakeStream(7)),
+              CE_OK)
+        << ce_last_error_message();
+    {
+      const FakeGpuState &s = state();
+      EXPECT_STREQ(s.symbol, "ce_forward_0");
+      ASSERT_EQ(s.numParams, paramCount(forward));
+      // logits 7, labels, loss, lse, lse_low 5 each: entropy at 27.
+      expectToken(22, {p.lse.data(), 1}); // lse_low: the placeholder
+      expectToken(27, wantEntropy);
+      expectToken(32, wantArgmax);
+      EXPECT_EQ(int64_t(s.params[s.numParams - kValueParams]), flags);
+    }
+    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &tGrad, fakeStream(7)),
+              CE_OK)
+        << ce_last_error_message();
+    {
+      const FakeGpuState &s = state();
+      EXPECT_STREQ(s.symbol, "ce_fused_0");
+      ASSERT_EQ(s.numParams, paramCount(fused));
+      // The weights (5 fields) come before loss: everything 5 later.
+      expectToken(32, wantEntropy);
+      expectToken(37, wantArgmax);
+      EXPECT_EQ(s.params[42], ptr(grad.data()));
+      EXPECT_EQ(int64_t(s.params[s.numParams - kValueParams]), flags);
+    }
+  }
 }
 
 TEST_P(GpuTest, OptionValuesFollowTheDescriptorsByValue) {

@@ -119,22 +119,23 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
 
   const FakeRecord &r = bundle.record();
   ASSERT_EQ(r.calls, 1);
-  ASSERT_EQ(r.numArgs, 6);
-  // Without options->lse_low its argument is the lse's own view, and flag
-  // bit 3 is off: the kernel neither writes nor reads it.
-  void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(),
-                  p.lse.data(), p.lse.data()};
-  int ranks[] = {2, 1, 1, 1, 1, 1};
-  for (int a = 0; a < 6; ++a) {
+  ASSERT_EQ(r.numArgs, 8);
+  // Without options->lse_low, entropy and argmax their arguments are the
+  // lse's own view, and flag bits 3 to 5 are off: the kernel neither writes
+  // nor reads them.
+  void *data[] = {p.logits.data(), p.labels.data(), p.loss.data(), p.lse.data(),
+                  p.lse.data(),    p.lse.data(),    p.lse.data()};
+  int ranks[] = {2, 1, 1, 1, 1, 1, 1, 1};
+  for (int a = 0; a < 8; ++a) {
     SCOPED_TRACE(a);
     EXPECT_EQ(r.ranks[a], ranks[a]);
     EXPECT_EQ(r.offsets[a], 0);
     EXPECT_EQ(r.allocated[a], r.aligned[a]);
-    if (a < 5) {
+    if (a < 7) {
       EXPECT_EQ(r.aligned[a], data[a]);
     }
   }
-  EXPECT_EQ(r.flags & kFlagLseLow, 0);
+  EXPECT_EQ(r.flags & (kFlagLseLow | kFlagEntropy | kFlagArgmax), 0);
   EXPECT_EQ(r.sizes[0][0], p.n);
   EXPECT_EQ(r.sizes[0][1], p.v);
   EXPECT_EQ(r.strides[0][0], p.rowStride);
@@ -144,8 +145,10 @@ TEST(Launch, ForwardFlatPassesDescriptors) {
   EXPECT_EQ(r.strides[2][0], 2);
   EXPECT_EQ(r.strides[3][0], 1);
   EXPECT_EQ(r.strides[4][0], 1);
-  EXPECT_EQ(r.sizes[5][0], 1);   // status
-  EXPECT_EQ(r.strides[5][0], 1); // status
+  EXPECT_EQ(r.strides[5][0], 1);
+  EXPECT_EQ(r.strides[6][0], 1);
+  EXPECT_EQ(r.sizes[7][0], 1);   // status
+  EXPECT_EQ(r.strides[7][0], 1); // status
   EXPECT_EQ(r.statusOnEntry, 0); // the runtime zeroes it
 
   for (int64_t i = 0; i < p.n; ++i) {
@@ -171,7 +174,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 6);
+  ASSERT_EQ(r.numArgs, 8);
   EXPECT_EQ(r.aligned[4], low.data());
   EXPECT_EQ(r.strides[4][0], 2);
   EXPECT_EQ(r.flags & kFlagLseLow, kFlagLseLow);
@@ -201,7 +204,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
                      &p.tLoss, &p.tLse, &p.tGrad, nullptr),
             CE_OK)
       << ce_last_error_message();
-  ASSERT_EQ(r.numArgs, 8);
+  ASSERT_EQ(r.numArgs, 10);
   EXPECT_EQ(r.aligned[5], low.data());
   EXPECT_EQ(low[2 * (p.n - 1)], 0.125f + (p.n - 1));
 
@@ -217,7 +220,7 @@ TEST(Launch, LseLowIsWrittenAndReadWhereItIsGiven) {
                            &p.tLabels, &tStats, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(statsBundle.record().numArgs, 4);
+  EXPECT_EQ(statsBundle.record().numArgs, 6);
   EXPECT_EQ(statsBundle.record().flags & kFlagLseLow, 0);
 }
 
@@ -283,7 +286,7 @@ TEST(Launch, OptionValuesArePassedByValue) {
                        &p.tLse, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 6); // the descriptors
+  EXPECT_EQ(bundle.record().numArgs, 8); // the descriptors
   // Unsharded, every kernel is passed the slice [0, V) of V.
   expectValues(receivedValues(bundle), {kFlagMegatronLabels | kFlagIgnoreIndex,
                                         -7, 0.125f, 3.0e-4f, 0, p.v, 2.75f});
@@ -406,7 +409,7 @@ TEST(Launch, ShardBoundsArePassedByValue) {
                            &tStats, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 4);
+  EXPECT_EQ(bundle.record().numArgs, 6);
   expectValues(receivedValues(bundle),
                {kFlagIgnoreIndex | kFlagGlobalSmoothing, -100, 0.25f, 0.0f, 7,
                 40});
@@ -529,7 +532,7 @@ TEST(Launch, ArgumentsInAnotherOrderAreRefusedAtOpen) {
   // C signature is fixed), so the bundle does not open, and no kernel is
   // called with arguments in the wrong places.
   auto reversed = canonicalArgs(forwardKey());
-  std::reverse(reversed.begin(), reversed.begin() + 6);
+  std::reverse(reversed.begin(), reversed.begin() + 8);
   TempDir dir;
   dir.copyFakeKernels();
   dir.write("manifest.json",
@@ -630,6 +633,343 @@ TEST(Launch, ForwardSbvWithSbLabels) {
   for (int64_t si = 0; si < p.s; ++si)
     for (int64_t bi = 0; bi < p.b; ++bi)
       EXPECT_EQ(lse[si * p.b + bi], 2.5f + p.x(si, bi, labels[si * p.b + bi]));
+}
+
+/// Strided, poisoned entropy (stride 2) and argmax (stride 3) outputs of a
+/// problem's tokens, poisoned between the elements too.
+struct TokenOutputs {
+  static constexpr int64_t kArgmaxPoison = -7;
+  int64_t n;
+  std::vector<float> entropy;
+  std::vector<int64_t> argmax;
+  ce_tensor tEntropy, tArgmax;
+  explicit TokenOutputs(int64_t n)
+      : n(n), entropy(2 * n + 1, kPoison), argmax(3 * n + 1, kArgmaxPoison) {
+    tEntropy = view(entropy.data(), CE_DTYPE_F32, {n}, {2});
+    tArgmax = view(argmax.data(), CE_DTYPE_I64, {n}, {3});
+  }
+  void poison() {
+    std::fill(entropy.begin(), entropy.end(), kPoison);
+    std::fill(argmax.begin(), argmax.end(), kArgmaxPoison);
+  }
+  /// What the fake writes where the output is asked for (fake_kernels.c),
+  /// and nothing anywhere else.
+  void expectWritten(bool withEntropy, bool withArgmax) const {
+    for (int64_t t = 0; t < n; ++t) {
+      SCOPED_TRACE(t);
+      EXPECT_EQ(entropy[2 * t], withEntropy ? 0.25f + t : kPoison);
+      EXPECT_EQ(entropy[2 * t + 1], kPoison);
+      EXPECT_EQ(argmax[3 * t], withArgmax ? 1000 + t : kArgmaxPoison);
+      EXPECT_EQ(argmax[3 * t + 1], kArgmaxPoison);
+      EXPECT_EQ(argmax[3 * t + 2], kArgmaxPoison);
+    }
+    EXPECT_EQ(entropy[2 * n], kPoison);
+    EXPECT_EQ(argmax[3 * n], kArgmaxPoison);
+  }
+};
+
+TEST(Launch, EntropyAndArgmaxAreWrittenWhereTheyAreGiven) {
+  // options->entropy and options->argmax are the forward's and the fused
+  // kernel's arguments after lse_low, with flag bits 4 (16) and 5 (32);
+  // each one absent is the lse's view with its bit off, and the kernel
+  // leaves it alone (the lse keeps its values).
+  EXPECT_EQ(int64_t{kFlagEntropy}, 16); // the ABI's bits
+  EXPECT_EQ(int64_t{kFlagArgmax}, 32);
+  FakeBundle bundle(allFakeKernels());
+  const FakeRecord &r = bundle.record();
+  for (int given = 0; given < 4; ++given) {
+    bool withEntropy = given & 1, withArgmax = given & 2;
+    SCOPED_TRACE(std::string("entropy ") + (withEntropy ? "on" : "off") +
+                 ", argmax " + (withArgmax ? "on" : "off"));
+    int64_t flags = (withEntropy ? int64_t{kFlagEntropy} : 0) |
+                    (withArgmax ? int64_t{kFlagArgmax} : 0);
+    FlatProblem p;
+    TokenOutputs out(p.n);
+    ce_options options = defaultOptions();
+    options.entropy = withEntropy ? &out.tEntropy : nullptr;
+    options.argmax = withArgmax ? &out.tArgmax : nullptr;
+    const void *entropyData =
+        withEntropy ? static_cast<void *>(out.entropy.data()) : p.lse.data();
+    const void *argmaxData =
+        withArgmax ? static_cast<void *>(out.argmax.data()) : p.lse.data();
+
+    ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ASSERT_EQ(r.numArgs, 8);
+    EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax), flags);
+    EXPECT_EQ(r.flags & kFlagLseLow, 0);
+    EXPECT_EQ(r.aligned[4], p.lse.data()); // lse_low: the placeholder
+    EXPECT_EQ(r.aligned[5], entropyData);
+    EXPECT_EQ(r.aligned[6], argmaxData);
+    EXPECT_EQ(r.ranks[5], 1);
+    EXPECT_EQ(r.ranks[6], 1);
+    EXPECT_EQ(r.sizes[5][0], p.n);
+    EXPECT_EQ(r.sizes[6][0], p.n);
+    EXPECT_EQ(r.strides[5][0], withEntropy ? 2 : 1);
+    EXPECT_EQ(r.strides[6][0], withArgmax ? 3 : 1);
+    out.expectWritten(withEntropy, withArgmax);
+    for (int64_t i = 0; i < p.n; ++i) {
+      EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+      EXPECT_EQ(p.loss[2 * i], 1.5f);
+    }
+
+    // The fused kernel, with a gradient: entropy and argmax before it.
+    out.poison();
+    std::fill(p.lse.begin(), p.lse.end(), kPoison);
+    float weight = 0.5f;
+    ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+    ASSERT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ASSERT_EQ(r.numArgs, 10);
+    EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax), flags);
+    EXPECT_EQ(r.aligned[6], entropyData);
+    EXPECT_EQ(r.aligned[7], argmaxData);
+    EXPECT_EQ(r.aligned[8], p.grad.data());
+    out.expectWritten(withEntropy, withArgmax);
+    for (int64_t i = 0; i < p.n; ++i) {
+      EXPECT_EQ(p.lse[i], 2.5f + p.target(i));
+      EXPECT_EQ(p.grad[i * p.rowStride], 0.5f);
+    }
+
+    // The fused kernel that overwrites the logits: no grad argument.
+    out.poison();
+    ce_options overwrite = options;
+    overwrite.overwrite_input = 1;
+    ASSERT_EQ(ce_fused(bundle.get(), &overwrite, &p.tLogits, &p.tLabels,
+                       &tWeight, &p.tLoss, &p.tLse, nullptr, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ASSERT_EQ(r.numArgs, 9);
+    EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax), flags);
+    EXPECT_EQ(r.aligned[6], entropyData);
+    EXPECT_EQ(r.aligned[7], argmaxData);
+    EXPECT_EQ(r.ranks[8], 1); // status
+    out.expectWritten(withEntropy, withArgmax);
+  }
+}
+
+TEST(Launch, EntropyAndArgmaxTakeTheLabelsLayout) {
+  // [S, B, V] logits with [B, S] labels: the outputs are [B, S] too, here a
+  // transposed view of an [S, B] buffer; token t = b * S + s (the fake's
+  // numbering of the labels' elements) lands at [s][b] of the buffer.
+  FakeBundle bundle(allFakeKernels());
+  SbvProblem p;
+  std::vector<int64_t> labels(p.b * p.s, 1);
+  std::vector<float> loss(p.b * p.s), lse(p.b * p.s);
+  std::vector<float> entropy(p.s * p.b, kPoison);
+  std::vector<int64_t> argmax(p.s * p.b, -7);
+  ce_tensor tLabels = packed(labels.data(), CE_DTYPE_I64, {p.b, p.s});
+  ce_tensor tLoss = packed(loss.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {p.b, p.s});
+  ce_tensor tEntropy = view(entropy.data(), CE_DTYPE_F32, {p.b, p.s}, {1, p.b});
+  ce_tensor tArgmax = view(argmax.data(), CE_DTYPE_I64, {p.b, p.s}, {1, p.b});
+  ce_options options = defaultOptions();
+  options.label_layout = CE_LABELS_BS;
+  options.entropy = &tEntropy;
+  options.argmax = &tArgmax;
+  ASSERT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &tLabels, &tLoss,
+                       &tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  EXPECT_EQ(r.ranks[5], 2);
+  EXPECT_EQ(r.ranks[6], 2);
+  EXPECT_EQ(r.strides[5][1], p.b);
+  EXPECT_EQ(r.strides[6][1], p.b);
+  for (int64_t bi = 0; bi < p.b; ++bi)
+    for (int64_t si = 0; si < p.s; ++si) {
+      int64_t t = bi * p.s + si;
+      EXPECT_EQ(entropy[si * p.b + bi], 0.25f + t);
+      EXPECT_EQ(argmax[si * p.b + bi], 1000 + t);
+    }
+}
+
+TEST(Launch, EntropyAndArgmaxAreCheckedLikeTheLse) {
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  std::vector<float> f32Buffer(4 * p.n);
+  std::vector<int64_t> i64Buffer(4 * p.n);
+  ce_tensor f32Tokens = packed(f32Buffer.data(), CE_DTYPE_F32, {p.n});
+  ce_tensor i64Tokens = packed(i64Buffer.data(), CE_DTYPE_I64, {p.n});
+  ce_tensor f32Short = packed(f32Buffer.data(), CE_DTYPE_F32, {p.n - 1});
+  ce_tensor i64Long = packed(i64Buffer.data(), CE_DTYPE_I64, {p.n + 1});
+  ce_tensor i64Column = packed(i64Buffer.data(), CE_DTYPE_I64, {p.n, 1});
+  ce_tensor i64Broadcast = view(i64Buffer.data(), CE_DTYPE_I64, {p.n}, {0});
+  // The loss's, the lse's and the logits' memory seen as i64 tokens.
+  ce_tensor argmaxOnLoss = packed(p.loss.data(), CE_DTYPE_I64, {p.n});
+  ce_tensor argmaxOnLse = packed(p.lse.data(), CE_DTYPE_I64, {p.n});
+  ce_tensor entropyInLogits = packed(p.logits.data(), CE_DTYPE_F32, {p.n});
+  // The same bytes as both outputs.
+  ce_tensor entropyOnArgmax = packed(i64Buffer.data(), CE_DTYPE_F32, {p.n});
+  std::vector<float> low(p.n);
+  ce_tensor tLow = packed(low.data(), CE_DTYPE_F32, {p.n});
+  ce_tensor lowOnEntropy = packed(f32Buffer.data(), CE_DTYPE_F32, {p.n});
+
+  struct Case {
+    const char *what;
+    const ce_tensor *entropy, *argmax, *lseLow;
+    const char *name; ///< the argument the message names
+    const char *words;
+  } cases[] = {
+      {"argmax f32", nullptr, &f32Tokens, nullptr, "options->argmax",
+       "dtype must be i64"},
+      {"entropy i64", &i64Tokens, nullptr, nullptr, "options->entropy",
+       "dtype must be f32"},
+      {"both swapped", &i64Tokens, &f32Tokens, nullptr, "options->entropy",
+       "dtype must be f32"},
+      {"entropy short", &f32Short, nullptr, nullptr, "options->entropy",
+       "labels' shape"},
+      {"argmax long", nullptr, &i64Long, nullptr, "options->argmax",
+       "labels' shape"},
+      {"argmax [N, 1]", nullptr, &i64Column, nullptr, "options->argmax",
+       "labels' shape"},
+      {"argmax broadcast", nullptr, &i64Broadcast, nullptr, "options->argmax",
+       "broadcast"},
+      {"entropy is the lse", &p.tLse, nullptr, nullptr, "options->entropy",
+       "overlaps"},
+      {"entropy is the loss", &p.tLoss, nullptr, nullptr, "options->entropy",
+       "overlaps"},
+      {"argmax over the loss", nullptr, &argmaxOnLoss, nullptr,
+       "options->argmax", "overlaps"},
+      {"argmax over the lse", nullptr, &argmaxOnLse, nullptr, "options->argmax",
+       "overlaps"},
+      {"entropy in the logits", &entropyInLogits, nullptr, nullptr,
+       "options->entropy", "overlaps input logits"},
+      {"entropy over argmax", &entropyOnArgmax, &i64Tokens, nullptr,
+       "options->argmax", "overlaps"},
+      {"lse_low over entropy", &f32Tokens, nullptr, &lowOnEntropy,
+       "options->lse_low", "overlaps"},
+  };
+  for (const Case &c : cases) {
+    SCOPED_TRACE(c.what);
+    ce_options options = defaultOptions();
+    options.entropy = c.entropy;
+    options.argmax = c.argmax;
+    options.lse_low = c.lseLow;
+    EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                         &p.tLoss, &p.tLse, nullptr),
+              CE_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr(c.name));
+    EXPECT_THAT(ce_last_error_message(), HasSubstr(c.words));
+    // The fused call checks them the same way.
+    float weight = 1.0f;
+    ce_tensor tWeight = view(&weight, CE_DTYPE_F32, {}, {});
+    EXPECT_EQ(ce_fused(bundle.get(), &options, &p.tLogits, &p.tLabels, &tWeight,
+                       &p.tLoss, &p.tLse, &p.tGrad, nullptr),
+              CE_ERROR_INVALID_ARGUMENT);
+    EXPECT_THAT(ce_last_error_message(), HasSubstr(c.name));
+  }
+  EXPECT_EQ(bundle.calls(), 0);
+  // The right ones, all three at once, are accepted.
+  ce_options options = defaultOptions();
+  options.entropy = &f32Tokens;
+  options.argmax = &i64Tokens;
+  options.lse_low = &tLow;
+  EXPECT_EQ(ce_forward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLoss,
+                       &p.tLse, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  EXPECT_EQ(bundle.record().flags & (kFlagLseLow | kFlagEntropy | kFlagArgmax),
+            kFlagLseLow | kFlagEntropy | kFlagArgmax);
+}
+
+TEST(Launch, BackwardIgnoresEntropyAndArgmax) {
+  // One options struct serves a whole step: a backward call neither checks
+  // nor passes entropy and argmax, even ones a forward would refuse (f32
+  // argmax, i64 entropy), and their bits stay off.
+  FakeBundle bundle(allFakeKernels());
+  FlatProblem p;
+  std::vector<int64_t> wrongEntropy(p.n, -7);
+  std::vector<float> wrongArgmax(p.n, kPoison);
+  ce_tensor tEntropy = packed(wrongEntropy.data(), CE_DTYPE_I64, {p.n});
+  ce_tensor tArgmax = packed(wrongArgmax.data(), CE_DTYPE_F32, {p.n});
+  ce_options options = defaultOptions();
+  options.entropy = &tEntropy;
+  options.argmax = &tArgmax;
+  std::fill(p.lse.begin(), p.lse.end(), 1.0f);
+  std::vector<float> gradLoss(p.n, 2.0f);
+  ce_tensor tGradLoss = packed(gradLoss.data(), CE_DTYPE_F32, {p.n});
+  ASSERT_EQ(ce_backward(bundle.get(), &options, &p.tLogits, &p.tLabels, &p.tLse,
+                        &tGradLoss, &p.tGrad, nullptr),
+            CE_OK)
+      << ce_last_error_message();
+  const FakeRecord &r = bundle.record();
+  EXPECT_EQ(r.numArgs, 7); // logits, labels, lse, lse_low, grad_loss, grad,
+                           // status
+  EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax), 0);
+  for (int a = 0; a < r.numArgs; ++a) {
+    EXPECT_NE(r.aligned[a], static_cast<void *>(wrongEntropy.data())) << a;
+    EXPECT_NE(r.aligned[a], static_cast<void *>(wrongArgmax.data())) << a;
+  }
+  EXPECT_EQ(p.grad[0], 2.0f); // 2 * 0.5 + lse
+  for (int64_t t = 0; t < p.n; ++t) {
+    EXPECT_EQ(wrongEntropy[t], -7);
+    EXPECT_EQ(wrongArgmax[t], kPoison);
+  }
+}
+
+TEST(Launch, ShardStatsTakeEntropyAndArgmaxAfterTheStats) {
+  // A shard_stats kernel writes its slice's entropy and argmax for the
+  // combine: options->entropy and options->argmax are its arguments after
+  // the stats, with flag bits 4 and 5; without them (no lse in this call)
+  // the placeholder is the labels' view, its bit off.
+  KernelVariantKey stats = forwardKey();
+  stats.op = KernelOp::ShardStats;
+  FakeBundle bundle({{stats, "fake_shard_stats_flat", {}}});
+  const FakeRecord &r = bundle.record();
+  FlatProblem p;
+  std::vector<float> statsOut(p.n * 4);
+  ce_tensor tStats = packed(statsOut.data(), CE_DTYPE_F32, {p.n, 4});
+  TokenOutputs out(p.n);
+  for (int given = 0; given < 4; ++given) {
+    bool withEntropy = given & 1, withArgmax = given & 2;
+    SCOPED_TRACE(given);
+    ce_options options = defaultOptions();
+    options.shard_start = 0;
+    options.shard_vocab = 2 * p.v;
+    options.entropy = withEntropy ? &out.tEntropy : nullptr;
+    options.argmax = withArgmax ? &out.tArgmax : nullptr;
+    ASSERT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                             &tStats, nullptr),
+              CE_OK)
+        << ce_last_error_message();
+    ASSERT_EQ(r.numArgs, 6);
+    EXPECT_EQ(r.aligned[2], statsOut.data());
+    EXPECT_EQ(r.aligned[3], withEntropy
+                                ? static_cast<void *>(out.entropy.data())
+                                : p.labels.data());
+    EXPECT_EQ(r.aligned[4], withArgmax ? static_cast<void *>(out.argmax.data())
+                                       : p.labels.data());
+    EXPECT_EQ(r.strides[3][0], withEntropy ? 2 : 3);
+    EXPECT_EQ(r.strides[4][0], 3);
+    EXPECT_EQ(r.ranks[5], 1); // status
+    EXPECT_EQ(r.flags & (kFlagEntropy | kFlagArgmax),
+              (withEntropy ? int64_t{kFlagEntropy} : 0) |
+                  (withArgmax ? int64_t{kFlagArgmax} : 0));
+  }
+  // Checked as a forward's are.
+  std::vector<float> f32Tokens(p.n);
+  ce_tensor tF32 = packed(f32Tokens.data(), CE_DTYPE_F32, {p.n});
+  ce_options options = defaultOptions();
+  options.shard_start = 0;
+  options.shard_vocab = 2 * p.v;
+  options.argmax = &tF32;
+  int64_t calls = bundle.calls();
+  EXPECT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                           &tStats, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->argmax"));
+  options.argmax = nullptr;
+  options.entropy = &tStats;
+  EXPECT_EQ(ce_shard_stats(bundle.get(), &options, &p.tLogits, &p.tLabels,
+                           &tStats, nullptr),
+            CE_ERROR_INVALID_ARGUMENT);
+  EXPECT_THAT(ce_last_error_message(), HasSubstr("options->entropy"));
+  EXPECT_EQ(bundle.calls(), calls);
 }
 
 TEST(Launch, BackwardWithBroadcastGradLoss) {
@@ -734,7 +1074,7 @@ TEST(Launch, FusedScalarAndTokenWeights) {
               CE_OK)
         << ce_last_error_message();
     const FakeRecord &r = bundle.record();
-    ASSERT_EQ(r.numArgs, 8);
+    ASSERT_EQ(r.numArgs, 10);
     EXPECT_EQ(r.ranks[2], 1);
     EXPECT_EQ(r.aligned[2], &weight);
     EXPECT_EQ(r.offsets[2], 0);
@@ -787,7 +1127,7 @@ TEST(Launch, ScalarWeightOnSbvLabelsIsATokenDescriptorOfStrideZero) {
             CE_OK)
       << ce_last_error_message();
   const FakeRecord &r = bundle.record();
-  ASSERT_EQ(r.numArgs, 8);
+  ASSERT_EQ(r.numArgs, 10);
   EXPECT_EQ(r.ranks[2], 2);
   EXPECT_EQ(r.aligned[2], &weight);
   EXPECT_EQ(r.sizes[2][0], p.b);
@@ -832,7 +1172,7 @@ TEST(Launch, FusedOverwrite) {
                      &p.tLoss, &p.tLse, nullptr, nullptr),
             CE_OK)
       << ce_last_error_message();
-  EXPECT_EQ(bundle.record().numArgs, 7);
+  EXPECT_EQ(bundle.record().numArgs, 9);
   EXPECT_EQ(p.logits[2 * p.rowStride + 1], 3.0f);
   // The forward part read the logits before overwriting them.
   EXPECT_EQ(p.loss[0], 1.5f);

@@ -169,7 +169,7 @@ Node abiArgs(const KernelVariantKey &key,
 }
 
 /// A manifest of one kernel of `key` for `target` ("host" or "sm_90"), of
-/// the current version by default (older versions have version 4's keys and
+/// the current version by default (older versions have the current keys and
 /// args here: only their refusal is tested).
 Node manifest(const KernelVariantKey &key,
               int64_t version = kBundleFormatVersion,
@@ -254,31 +254,33 @@ KernelVariantKey variant(KernelOp op, LabelLayout layout = LabelLayout::Flat,
 //--- Tests ------------------------------------------------------------------//
 
 TEST(Manifest, TheBuiltManifestsAreAccepted) {
-  EXPECT_EQ(kBundleFormatVersion, 4);
+  EXPECT_EQ(kBundleFormatVersion, 5);
   EXPECT_EQ(kBundleFormatVersion, CE_RUNTIME_BUNDLE_VERSION);
   for (const char *target : {"host", "sm_90"}) {
     SCOPED_TRACE(target);
-    Manifest parsed = accepts(text(manifest(forwardKey(), 4, target)));
-    EXPECT_EQ(parsed.version, 4);
+    Manifest parsed =
+        accepts(text(manifest(forwardKey(), kBundleFormatVersion, target)));
+    EXPECT_EQ(parsed.version, 5);
     EXPECT_EQ(parsed.generator, "ManifestTest");
     ASSERT_EQ(parsed.objects.size(), 1u);
     EXPECT_EQ(parsed.objects[0].sha256, kSomeHash);
     ASSERT_EQ(parsed.kernels.size(), 1u);
     EXPECT_EQ(parsed.kernels[0].key, forwardKey().str());
     EXPECT_EQ(parsed.kernels[0].symbol, "ce_kernel_0");
-    // 6 tensors (lse_low since version 4) and the 8 values (logit_scale
-    // and logit_softcap since issue 17).
-    EXPECT_EQ(parsed.kernels[0].args.size(), 14u);
+    // 8 tensors (lse_low since version 4, entropy and argmax since
+    // version 5) and the 8 values (logit_scale and logit_softcap since
+    // issue 17).
+    EXPECT_EQ(parsed.kernels[0].args.size(), 16u);
   }
 }
 
 TEST(Manifest, OlderVersionsAreRefusedNamingBoth) {
   // Versions 1 and 2 compiled the option values into the kernels: their
-  // kernels take no value arguments; version 3's take no lse_low. This
-  // runtime cannot call them. The refusal comes before anything else is
-  // read (a version 1 manifest has no hashes, a version 2 one the old keys
-  // and args).
-  for (int64_t version : {int64_t(1), int64_t(2), int64_t(3)}) {
+  // kernels take no value arguments; version 3's take no lse_low, version
+  // 4's no entropy and argmax. This runtime cannot call them. The refusal
+  // comes before anything else is read (a version 1 manifest has no hashes,
+  // a version 2 one the old keys and args).
+  for (int64_t version : {int64_t(1), int64_t(2), int64_t(3), int64_t(4)}) {
     SCOPED_TRACE(version);
     {
       Node root = manifest(forwardKey(), version);
@@ -290,16 +292,17 @@ TEST(Manifest, OlderVersionsAreRefusedNamingBoth) {
       EXPECT_EQ(fails(manifestText),
                 at(offset) + "bundle format version " +
                     std::to_string(version) +
-                    " is older than version 4, the only one this runtime "
+                    " is older than version 5, the only one this runtime "
                     "reads (since version 3 option values such as "
                     "ignore_index, label_smoothing and z_loss are kernel "
                     "arguments, not compiled in; since version 4 forward, "
                     "fused and backward kernels take lse's low part, "
-                    "lse_low); regenerate the bundle with this version's "
-                    "ce-gen");
+                    "lse_low; since version 5 forward and fused kernels "
+                    "take the entropy and argmax outputs); regenerate the "
+                    "bundle with this version's ce-gen");
     }
   }
-  // Version 4 with version 2's key is not a version 4 manifest either.
+  // Version 5 with version 2's key is not a version 5 manifest either.
   Node root = manifest(forwardKey());
   std::string v2Key = "op=forward,logits=f32,labels=i64,layout=flat,"
                       "ignore_index=none,label_smoothing=0,z_loss=0,"
@@ -405,7 +408,7 @@ TEST(Manifest, EveryRequiredKeyMissing) {
     bool gpu = std::string(target) != "host";
     for (const RequiredKey &key : requiredKeys(forwardKey(), gpu)) {
       SCOPED_TRACE(std::string(target) + " " + key.path);
-      Node root = manifest(forwardKey(), 4, target);
+      Node root = manifest(forwardKey(), kBundleFormatVersion, target);
       size_t dot = key.path.rfind('.');
       Node *parent = dot == std::string::npos
                          ? &root
@@ -426,7 +429,7 @@ TEST(Manifest, EveryRequiredKeyMissing) {
     erase(root, path);
     accepts(text(root));
   }
-  Node gpu = manifest(forwardKey(), 4, "sm_90");
+  Node gpu = manifest(forwardKey(), kBundleFormatVersion, "sm_90");
   erase(gpu, "kernels[0].launch.min_vocab");
   accepts(text(gpu));
 }
@@ -446,7 +449,7 @@ TEST(Manifest, EveryRequiredKeyWithEveryWrongType) {
           continue;
         SCOPED_TRACE(std::string(target) + " " + key.path + " = " +
                      json::Value::kindName(kind));
-        Node root = manifest(forwardKey(), 4, target);
+        Node root = manifest(forwardKey(), kBundleFormatVersion, target);
         Node *node = at(root, key.path);
         ASSERT_NE(node, nullptr);
         *node = value;
@@ -518,7 +521,7 @@ TEST(Manifest, IntegersMustBeWholeAndInRange) {
   };
   for (const Case &c : cases) {
     SCOPED_TRACE(c.path + " = " + c.value);
-    Node root = manifest(forwardKey(), 4, "sm_90");
+    Node root = manifest(forwardKey(), kBundleFormatVersion, "sm_90");
     Node *node = at(root, c.path);
     ASSERT_NE(node, nullptr);
     *node = scalar(c.value);
@@ -528,7 +531,7 @@ TEST(Manifest, IntegersMustBeWholeAndInRange) {
     EXPECT_THAT(message, HasSubstr(c.message));
   }
   // The limits themselves are accepted.
-  Node root = manifest(forwardKey(), 4, "sm_90");
+  Node root = manifest(forwardKey(), kBundleFormatVersion, "sm_90");
   *at(root, "kernels[0].launch.min_vocab") = scalar("9223372036854775807");
   EXPECT_EQ(accepts(text(root)).kernels.at(0).launch.minVocab,
             std::numeric_limits<int64_t>::max());

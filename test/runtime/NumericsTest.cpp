@@ -10,10 +10,10 @@
 // packed and as strided views, with special rows (-inf everywhere but one
 // entry, a target probability above 0.999, large offsets, maxima past 2^24
 // and near 2^100, a half row near -1e30, a row whose plain sum overflows),
-// ignored tokens and an all-ignored batch, per-token and broadcast upstream gradients or
-// weights, and with out-of-range labels in memory that faults beyond the
-// tensors. Outputs are poisoned before each call; padding and inputs must
-// survive it. Tolerances (the numerics contract):
+// ignored tokens and an all-ignored batch, per-token and broadcast upstream
+// gradients or weights, and with out-of-range labels in memory that faults
+// beyond the tensors. Outputs are poisoned before each call; padding and inputs
+// must survive it. Tolerances (the numerics contract):
 //   loss, lse: |kernel - ref| <= 1e-5 max(1, |ref|)
 //   gradient:  one ulp of the logits dtype at ref (bf16, f16), or
 //              1e-5 of the row's largest |ref| (f32), plus 4 f32 ulps of
@@ -25,6 +25,18 @@
 //              can and must form without cancellation.
 //   lse_low:   |lse + lse_low - ref| <= 1e-5 max(1, ref - max): the pair
 //              carries the log of the sum to f32's precision at any |max|
+//   entropy:   |kernel - ref| <= 1e-4 max(1, ref), NaN where lse is not
+//              finite (an f32 sum of V terms: see checkEntropy)
+//   argmax:    the lowest index of the maximum of z, -1 for a row with a
+//              NaN, 0 for an all -inf row; either of two values of z within
+//              2^-23 of each other (f32 rounding of z), never past an exact
+//              tie
+// The entropy and argmax outputs (ce_options.entropy / argmax) are asked
+// for in every other case each, independently, poisoned with -7 first and
+// checked for every token whatever its label (bad labels included); without
+// them the lse's view is their placeholder and must keep the lse. Two cases
+// add rows for them: all -inf, a NaN, equal maxima (one last), offsets of
+// 1e4 to 1e6, half the row -inf.
 // Every case draws a logit scale s (ce_options.logit_scale: 1 half of the
 // time, else log-uniform in [0.05, 20]); the references are float64 of
 // z = s x, formed from the f32 s and the logits (exact in double), and the
@@ -86,6 +98,10 @@ struct CaseSpec {
   bool allIgnored;    ///< Every label is the ignore_index.
   /// CE_LABEL_POLICY_MEGATRON, with every third label outside [0, V).
   bool megatronLabels = false;
+  /// Rows for the entropy and argmax outputs: all -inf, a NaN, two equal
+  /// maxima, the maximum last, offsets of 1e4 to 1e6, half the row -inf
+  /// (an ignore_index is always set: the first two rows are ignored).
+  bool outputRows = false;
 };
 
 const CaseSpec kCases[] = {
@@ -101,6 +117,9 @@ const CaseSpec kCases[] = {
     {"all-ignored", 16, 4, 4, 7, true, false, false, true},
     {"megatron-labels-vocab7", 45, 5, 9, 7, true, true, true, false, true},
     {"megatron-labels-vocab32000", 12, 3, 4, 32000, false, true, false, false,
+     true},
+    {"outputs-vocab9", 16, 4, 4, 9, true, false, false, false, false, true},
+    {"outputs-vocab32001", 8, 4, 2, 32001, false, false, false, false, false,
      true},
 };
 
@@ -285,7 +304,7 @@ CaseOptions drawOptions(const KernelVariantKey &key, const CaseSpec &spec,
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   CaseOptions options;
-  if (spec.allIgnored || uniform(rng) < 0.75) {
+  if (spec.allIgnored || spec.outputRows || uniform(rng) < 0.75) {
     double pick = uniform(rng);
     options.ignoreIndex = pick < 0.4 ? -100
                           : pick < 0.8 || badLabelCase || spec.vocab <= 3
@@ -456,6 +475,53 @@ void fillInputs(Problem &p, const CaseSpec &spec, std::mt19937_64 &rng,
         for (int64_t j = 0; j < v; j += 2)
           row[j] = roundTo(type, most);
         p.labels[t] = std::min<int64_t>(v - 1, 1);
+      }
+    }
+  }
+
+  // Rows for the entropy and argmax outputs on the first tokens.
+  if (spec.outputRows && v >= 2) {
+    std::uniform_int_distribution<int64_t> anyIndex(0, v - 1);
+    for (int64_t t = 0; t < std::min<int64_t>(n, 8); ++t) {
+      double *row = &p.x[t * v];
+      double top = *std::max_element(row, row + v) + 1.0;
+      if (t == 0) {
+        // Every logit -inf: argmax 0 (all tie), entropy NaN. Ignored, so
+        // that the loss (0) and the gradient (a zero row) are defined.
+        std::fill(row, row + v, -kInf);
+        p.labels[t] = *p.reference.ignoreIndex;
+      } else if (t == 1) {
+        // A NaN: argmax -1, entropy NaN; ignored too.
+        row[anyIndex(rng)] = std::numeric_limits<double>::quiet_NaN();
+        p.labels[t] = *p.reference.ignoreIndex;
+      } else if (t == 2 || t == 3) {
+        // Two equal maxima: the lower index. t == 3: at 0 and in the last
+        // element (the row's tail, past the vector steps).
+        int64_t first = t == 2 ? anyIndex(rng) : 0;
+        int64_t second = t == 2 ? anyIndex(rng) : v - 1;
+        if (second == first)
+          second = (first + 1) % v;
+        row[first] = row[second] = roundTo(type, top);
+      } else if (t == 4) {
+        // The only maximum in the last element.
+        row[v - 1] = roundTo(type, top);
+      } else if (t == 5 || t == 6) {
+        // A common offset of 1e4 to 1e6, log-uniform (f16: to 6e4, its
+        // range), positive (t == 5) or negative: p from x - max, never from
+        // exp(s x); in bf16 and f16 many values then tie.
+        double offset =
+            1e4 * std::pow(type == ElemType::F16 ? 6.0 : 100.0, uniform(rng));
+        for (int64_t j = 0; j < v; ++j)
+          row[j] = roundTo(type, row[j] + (t == 5 ? offset : -offset));
+      } else if (t == 7) {
+        // Half the row -inf (a masked vocabulary): those p are 0 and add
+        // nothing to the entropy; the label on a finite logit.
+        int64_t keep = anyIndex(rng);
+        for (int64_t j = 0; j < v; ++j)
+          if (j % 2 != keep % 2)
+            row[j] = -kInf;
+        if (p.labels[t] != *p.reference.ignoreIndex)
+          p.labels[t] = keep;
       }
     }
   }
@@ -726,11 +792,16 @@ void checkPadding(Report &report, const char *what, const TestTensor &tensor) {
 // Running one case
 //===----------------------------------------------------------------------===//
 
-/// `low`: lse's low part, written with the lse (nullptr: not asked for).
+/// `low`: lse's low part, written with the lse; `entropy`, `argmax`: the
+/// outputs (nullptr: not asked for).
 ce_status runForward(ce_bundle *bundle, Problem &p, TestTensor &loss,
-                     TestTensor &lse, TestTensor *low = nullptr) {
+                     TestTensor &lse, TestTensor *low = nullptr,
+                     TestTensor *entropy = nullptr,
+                     TestTensor *argmax = nullptr) {
   ce_options options = p.options;
   options.lse_low = low ? &low->tensor : nullptr;
+  options.entropy = entropy ? &entropy->tensor : nullptr;
+  options.argmax = argmax ? &argmax->tensor : nullptr;
   return ce_forward(bundle, &options, &p.logits.tensor, &p.labelTensor.tensor,
                     &loss.tensor, &lse.tensor, nullptr);
 }
@@ -750,6 +821,115 @@ void checkLseLow(Report &report, const Problem &p, int64_t t, double lse,
            formatDouble(stats.lse) + " (error " + formatDouble(error) +
            ", tolerance " + formatDouble(tolerance) + ")";
   });
+}
+
+/// What the entropy and argmax outputs hold before a call: -7 is neither an
+/// entropy (>= 0, or NaN) nor an argmax (-1, or in [0, V)).
+constexpr int64_t kOutputPoison = -7;
+
+/// Whether case `seed` asks for the entropy and the argmax outputs: every
+/// other case each, independently (and of lse_low's bit 7).
+bool asksEntropy(uint64_t seed) { return (seed >> 9) & 1; }
+bool asksArgmax(uint64_t seed) { return (seed >> 10) & 1; }
+
+/// A token-shaped output of `type`, every element kOutputPoison.
+TestTensor poisonedOutput(const Problem &p, ElemType type,
+                          const std::vector<int64_t> &strides) {
+  TestTensor tensor = makeTensor(type, p.tokenShape(), strides);
+  for (int64_t t = 0; t < p.numTokens; ++t)
+    tensor.set(t, static_cast<double>(kOutputPoison));
+  return tensor;
+}
+
+/// The largest entropy error seen, relative to max(1, H), for the summary.
+double worstEntropyError = 0.0;
+int64_t entropyValuesChecked = 0;
+
+/// The entropy's tolerance, relative to max(1, H): see checkEntropy.
+constexpr double kEntropyTolerance = 2e-5;
+
+/// The entropy of token t against the float64 reference (referenceEntropy):
+///   |kernel - ref| <= kEntropyTolerance max(1, ref), NaN exactly where ref
+///   is NaN.
+/// The kernel sums p_j log2 p_j in f32, log2 p_j = (x_j - m) fl(s log2 e) -
+/// fl(log S) log2 e from the statistics sweep. The rounding of fl(s log2 e)
+/// and of log S moves each log p_j by about 2^-23 (|z_j - max| + log S),
+/// which moves H by ~2^-23 (1 + H + log V) (~2e-6 at V = 128256); the p_j
+/// flushed to 0 below 2^-126 drop terms of < 2^-118. The V terms, all of
+/// one sign, are summed per lane with Kahan's compensation: a plain f32 sum
+/// drifted by up to 5.4e-5 of H (f16 rows of V = 32001 whose values tie
+/// after rounding, measured on the host, Dec 2026); compensated, 6e-6 at
+/// most over these cases (the summary line prints it).
+/// 2e-5, the loss's 1e-5 with a margin of 2, still sees any error of a
+/// term's form.
+void checkEntropy(Report &report, const Problem &p, int64_t t, double kernel,
+                  const RowStats &stats) {
+  const double *row = &p.z[t * p.vocab];
+  double ref = referenceEntropy(row, p.vocab, stats);
+  double magnitude = std::fmax(1.0, std::fabs(ref));
+  double tolerance = kEntropyTolerance * magnitude;
+  bool ok;
+  if (std::isnan(ref)) {
+    ok = std::isnan(kernel);
+  } else {
+    double error = std::fabs(kernel - ref);
+    ok = error <= tolerance; // false for a NaN kernel value
+    if (std::isfinite(error)) {
+      worstEntropyError = std::fmax(worstEntropyError, error / magnitude);
+      ++entropyValuesChecked;
+    }
+  }
+  report.check(ok, [&] {
+    return "entropy of " + p.where(t) + " (label " +
+           std::to_string(p.labels[t]) + "): kernel " + formatDouble(kernel) +
+           ", reference " + formatDouble(ref) + ", tolerance " +
+           formatDouble(tolerance) + ", logit scale " +
+           formatDouble(p.logitScale) +
+           (p.vocab <= 16 ? ", row " + formatRow(&p.x[t * p.vocab], p.vocab)
+                          : std::string());
+  });
+}
+
+/// The argmax of token t: the lowest index of the row's maximum of z, -1 for
+/// a NaN row, 0 for an all -inf row. Where float64's top two values of z are
+/// within f32 rounding of each other (2^-23 of the maximum) a kernel that
+/// forms z in f32 may return either; an exact tie must go to the lower index
+/// (argmaxAcceptable).
+void checkArgmax(Report &report, const Problem &p, int64_t t, int64_t kernel) {
+  const double *row = &p.z[t * p.vocab];
+  int64_t ref = referenceArgmax(row, p.vocab);
+  double top = ref >= 0 ? row[ref] : 0.0;
+  double tolerance = std::isfinite(top) ? std::ldexp(std::fabs(top), -23) : 0.0;
+  report.check(argmaxAcceptable(row, p.vocab, kernel, tolerance), [&] {
+    std::string there =
+        kernel >= 0 && kernel < p.vocab
+            ? " (x " + formatDouble(p.x[t * p.vocab + kernel]) + ")"
+            : std::string();
+    return "argmax of " + p.where(t) + ": kernel " + std::to_string(kernel) +
+           there + ", reference " + std::to_string(ref) +
+           (ref >= 0 ? " (x " + formatDouble(p.x[t * p.vocab + ref]) + ")"
+                     : std::string()) +
+           ", logit scale " + formatDouble(p.logitScale) +
+           (p.vocab <= 16 ? ", row " + formatRow(&p.x[t * p.vocab], p.vocab)
+                          : std::string());
+  });
+}
+
+/// The entropy and argmax a forward or fused call was given, against the
+/// references, for every token whatever its label; and their padding.
+void checkOutputs(Report &report, const Problem &p,
+                  const std::vector<RowStats> &stats, const TestTensor *entropy,
+                  const TestTensor *argmax) {
+  if (entropy) {
+    checkPadding(report, "entropy", *entropy);
+    for (int64_t t = 0; t < p.numTokens; ++t)
+      checkEntropy(report, p, t, entropy->get(t), stats[t]);
+  }
+  if (argmax) {
+    checkPadding(report, "argmax", *argmax);
+    for (int64_t t = 0; t < p.numTokens; ++t)
+      checkArgmax(report, p, t, argmax->getInt(t));
+  }
 }
 
 void expectOk(Report &report, ce_status status, const char *function) {
@@ -791,12 +971,28 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     low = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(4));
   ce_options options = p.options;
   options.lse_low = withLow ? &low.tensor : nullptr;
+  // The entropy and argmax outputs, each in every other case: forward and
+  // fused write them, a backward is given them too and must ignore them.
+  // Without one the kernel gets the lse's view in its place (flag bit off)
+  // and must leave it alone: the lse checks below see that it did.
+  bool withEntropy = asksEntropy(seed), withArgmax = asksArgmax(seed);
+  TestTensor entropy, argmax;
+  if (withEntropy)
+    entropy = poisonedOutput(p, ElemType::F32, p.tokenStrides(0));
+  if (withArgmax)
+    argmax = poisonedOutput(p, ElemType::I64, p.tokenStrides(5));
+  std::vector<unsigned char> entropyBefore = entropy.snapshot(),
+                             argmaxBefore = argmax.snapshot();
+  options.entropy = withEntropy ? &entropy.tensor : nullptr;
+  options.argmax = withArgmax ? &argmax.tensor : nullptr;
 
   switch (key.op) {
   case KernelOp::Forward:
     loss = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(3));
     lse = makeTensor(ElemType::F32, p.tokenShape(), p.tokenStrides(2));
-    status = runForward(bundle, p, loss, lse, withLow ? &low : nullptr);
+    status = runForward(bundle, p, loss, lse, withLow ? &low : nullptr,
+                        withEntropy ? &entropy : nullptr,
+                        withArgmax ? &argmax : nullptr);
     expectOk(report, status, "ce_forward");
     break;
   case KernelOp::Backward: {
@@ -876,6 +1072,12 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     checkUnchanged(report, "grad_loss", p.gradLoss, scaleBefore);
     if (withLow)
       checkUnchanged(report, "lse_low (input)", low, lseLowBefore);
+    if (withEntropy)
+      checkUnchanged(report, "entropy (a backward's to ignore)", entropy,
+                     entropyBefore);
+    if (withArgmax)
+      checkUnchanged(report, "argmax (a backward's to ignore)", argmax,
+                     argmaxBefore);
   }
   if (key.op == KernelOp::Fused)
     checkUnchanged(report, "weights", p.weights, scaleBefore);
@@ -898,6 +1100,8 @@ void runCase(Report &report, ce_bundle *bundle, const KernelVariantKey &key,
     }
     if (withLow)
       checkPadding(report, "lse_low", low);
+    checkOutputs(report, p, stats, withEntropy ? &entropy : nullptr,
+                 withArgmax ? &argmax : nullptr);
   }
   if (key.op != KernelOp::Forward) {
     const TestTensor &written = key.overwrite ? p.logits : grad;
@@ -938,10 +1142,18 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
   TestTensor grad =
       makeTensor(key.logits, p.logitsShape(), packedStrides(p.logitsShape()));
   ce_tensor *gradArg = key.overwrite ? nullptr : &grad.tensor;
+  // The entropy and argmax of every row, the bad label's included.
+  TestTensor entropy =
+      poisonedOutput(p, ElemType::F32, packedStrides(p.tokenShape()));
+  TestTensor argmax =
+      poisonedOutput(p, ElemType::I64, packedStrides(p.tokenShape()));
+  ce_options options = p.options;
+  options.entropy = &entropy.tensor;
+  options.argmax = &argmax.tensor;
   ce_status status = CE_OK;
   switch (key.op) {
   case KernelOp::Forward:
-    status = runForward(bundle, p, loss, lse);
+    status = runForward(bundle, p, loss, lse, nullptr, &entropy, &argmax);
     break;
   case KernelOp::Backward:
     for (int64_t t = 0; t < p.numTokens; ++t)
@@ -951,9 +1163,9 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
                     &lse.tensor, &p.gradLoss.tensor, gradArg, nullptr);
     break;
   case KernelOp::Fused:
-    status = ce_fused(bundle, &p.options, &p.logits.tensor,
-                      &p.labelTensor.tensor, &p.weights.tensor, &loss.tensor,
-                      &lse.tensor, gradArg, nullptr);
+    status = ce_fused(bundle, &options, &p.logits.tensor, &p.labelTensor.tensor,
+                      &p.weights.tensor, &loss.tensor, &lse.tensor, gradArg,
+                      nullptr);
     break;
   case KernelOp::ShardStats:
     report.check(false, [] { return std::string("unexpected shard_stats"); });
@@ -975,11 +1187,16 @@ void runBadLabelCase(Report &report, ce_bundle *bundle,
   report.check(message.find(expected) != std::string::npos, [&] {
     return "message \"" + message + "\" lacks \"" + expected + "\"";
   });
-  if (key.op != KernelOp::Backward)
+  if (key.op != KernelOp::Backward) {
     report.check(std::isnan(loss.get(badToken)), [&] {
       return "loss of the bad " + p.where(badToken) + " is " +
              formatDouble(loss.get(badToken)) + ", not NaN";
     });
+    std::vector<RowStats> stats(p.numTokens);
+    for (int64_t t = 0; t < p.numTokens; ++t)
+      stats[t] = referenceStats(&p.z[t * p.vocab], p.vocab);
+    checkOutputs(report, p, stats, &entropy, &argmax);
+  }
   if (key.op != KernelOp::Forward) {
     const TestTensor &written = key.overwrite ? p.logits : grad;
     bool allNaN = true;
@@ -1089,6 +1306,11 @@ int main(int argc, char **argv) {
               std::pair{"logit_softcap",
                         values.logitSoftcap != 0.0f ? "drawn" : "none"}})
           coverage[field].insert(value);
+        if (key->op == KernelOp::Forward || key->op == KernelOp::Fused) {
+          uint64_t caseSeed = mix(seed, keyText + "/" + spec.name);
+          coverage["entropy"].insert(asksEntropy(caseSeed) ? "on" : "off");
+          coverage["argmax"].insert(asksArgmax(caseSeed) ? "on" : "off");
+        }
         report.startCase(keyText, name);
         if (verbose)
           std::printf("    case %s\n", name.c_str());
@@ -1143,6 +1365,9 @@ int main(int argc, char **argv) {
     }
     std::printf("}");
   }
+  std::printf("\nentropy: %" PRId64 " finite values, largest error %.3g of "
+              "max(1, H) (tolerance %.3g)",
+              entropyValuesChecked, worstEntropyError, kEntropyTolerance);
   std::printf("\n%" PRId64 " kernels, %" PRId64 " checks, %" PRId64
               " failures in %" PRId64 " kernels, %.1f s (seed %" PRIu64 ")\n",
               kernels, report.checks, report.failures, failedKernels, seconds,

@@ -114,4 +114,44 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
   }
 }
 
+double referenceEntropy(const double *row, int64_t vocab,
+                        const RowStats &stats) {
+  if (!std::isfinite(stats.lse))
+    return std::numeric_limits<double>::quiet_NaN();
+  double logSum = std::log1p(stats.rest);
+  double entropy = 0.0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    double shifted = row[j] - stats.max; // z_j - max, -inf for a -inf logit
+    double p = std::exp(shifted - logSum);
+    if (p > 0.0)
+      entropy += p * (logSum - shifted);
+  }
+  return entropy;
+}
+
+int64_t referenceArgmax(const double *row, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t j = 0; j < vocab; ++j) {
+    if (std::isnan(row[j]))
+      return -1;
+    if (row[j] > row[best])
+      best = j;
+  }
+  return best;
+}
+
+bool argmaxAcceptable(const double *row, int64_t vocab, int64_t argmax,
+                      double tolerance) {
+  int64_t best = referenceArgmax(row, vocab);
+  if (best < 0 || argmax < 0 || argmax >= vocab)
+    return argmax == best;
+  double chosen = row[argmax], top = row[best];
+  if (!(chosen == top || chosen >= top - tolerance))
+    return false;
+  for (int64_t j = 0; j < argmax; ++j)
+    if (row[j] == chosen)
+      return false;
+  return true;
+}
+
 } // namespace ce::test

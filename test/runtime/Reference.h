@@ -96,6 +96,28 @@ void referenceGrad(const double *row, int64_t vocab, int64_t label, double lse,
                    const RowStats *exact = nullptr,
                    double extraExponentUlps = 0.0);
 
+/// The entropy of softmax(z) of one row (issue 17; test/python/
+/// _reference_outputs.py): sum over p_j > 0 of p_j (lse - z_j), each
+/// lse - z_j formed as log1p(rest) - (z_j - max) from the row's exact
+/// statistics, so that it keeps the log of the sum at any |max| (a -inf
+/// logit has p = 0 and adds nothing). NaN where lse is not finite (a NaN
+/// or +inf logit, or every logit -inf).
+double referenceEntropy(const double *row, int64_t vocab,
+                        const RowStats &stats);
+
+/// The lowest index of the row's maximum; -1 for a row with a NaN; 0 for a
+/// row of -inf only (all tie).
+int64_t referenceArgmax(const double *row, int64_t vocab);
+
+/// Whether `argmax` is a right answer for the row when each value is known
+/// to within `tolerance` (a kernel forms z in f32): -1 exactly for a row
+/// with a NaN; otherwise an index in [0, V) whose value is within
+/// `tolerance` of the maximum, with no lower index holding exactly the same
+/// value (exact ties are ties in any precision: the lowest index must win).
+/// test/python/_reference_outputs.py's argmax_acceptable.
+bool argmaxAcceptable(const double *row, int64_t vocab, int64_t argmax,
+                      double tolerance);
+
 } // namespace ce::test
 
 #endif // CE_TEST_RUNTIME_REFERENCE_H

@@ -32,9 +32,13 @@ canonicalArgs(const KernelVariantKey &key) {
     args.push_back({"loss", tokenRank, "f32"});
     args.push_back({"lse", tokenRank, "f32"});
     args.push_back({"lse_low", tokenRank, "f32"});
+    args.push_back({"entropy", tokenRank, "f32"});
+    args.push_back({"argmax", tokenRank, "i64"});
     break;
   case KernelOp::ShardStats:
     args.push_back({"stats", tokenRank + 1, "f32"});
+    args.push_back({"entropy", tokenRank, "f32"});
+    args.push_back({"argmax", tokenRank, "i64"});
     break;
   case KernelOp::Backward:
     args.push_back({"lse", tokenRank, "f32"});
@@ -48,6 +52,8 @@ canonicalArgs(const KernelVariantKey &key) {
     args.push_back({"loss", tokenRank, "f32"});
     args.push_back({"lse", tokenRank, "f32"});
     args.push_back({"lse_low", tokenRank, "f32"});
+    args.push_back({"entropy", tokenRank, "f32"});
+    args.push_back({"argmax", tokenRank, "i64"});
     if (!key.overwrite)
       args.push_back({"grad", tokenRank + 1, logits});
     break;
@@ -281,7 +287,7 @@ bool fakeForwardWorks(ce_bundle *bundle, void *object) {
   ce_tensor tLse = packed(lse.data(), CE_DTYPE_F32, {n});
   bool works = record && ce_forward(bundle, nullptr, &tLogits, &tLabels, &tLoss,
                                     &tLse, nullptr) == CE_OK;
-  works = works && record->calls == callsBefore + 1 && record->numArgs == 6;
+  works = works && record->calls == callsBefore + 1 && record->numArgs == 8;
   for (int64_t t = 0; works && t < n; ++t)
     works = loss[t] == 1.5f && lse[t] == 2.5f + logits[t * v + labels[t]];
   return works;

@@ -27,12 +27,12 @@ namespace ce::test {
 struct FakeRecord {
   int64_t calls;
   int32_t numArgs;
-  int32_t ranks[9];
-  void *allocated[9];
-  void *aligned[9];
-  int64_t offsets[9];
-  int64_t sizes[9][3];
-  int64_t strides[9][3];
+  int32_t ranks[10];
+  void *allocated[10];
+  void *aligned[10];
+  int64_t offsets[10];
+  int64_t sizes[10][3];
+  int64_t strides[10][3];
   int64_t statusOnEntry;
   /// The value arguments of the last call.
   int64_t flags;

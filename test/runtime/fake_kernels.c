@@ -1,15 +1,17 @@
 /*===- fake_kernels.c - Stand-in host kernels for runtime tests -----------===*
  *
  * Implements the host kernel ABI of docs/bundle-format.md (bundle format
- * version 4: one pointer per tensor, each to an MLIR strided memref
+ * version 5: one pointer per tensor, each to an MLIR strided memref
  * descriptor, then the eight option values by value: int64_t flags, int64_t
  * ignore_index, float label_smoothing, float z_loss, int64_t shard_start,
  * int64_t shard_vocab, float logit_scale, float logit_softcap) with trivial
- *bodies whose outputs reveal whether the runtime passed the right descriptors:
+ * bodies whose outputs reveal whether the runtime passed the right descriptors:
  *
  *   loss[t] = 1.5
  *   lse[t]  = 2.5 + logits[row(t)][label[t]]       (forward, fused)
  *   lse_low[t] = 0.125 + t                         (forward, fused; flag 8)
+ *   entropy[t] = 0.25 + t                          (forward, fused; flag 16)
+ *   argmax[t]  = 1000 + t                          (forward, fused; flag 32)
  *   grad[row(t)][j] = grad_loss[t] * 0.5 + lse[t]  (backward)
  *                     + lse_low[t]                 (with flag 8)
  *   grad[row(t)][j] = weight(t)                    (fused)
@@ -26,7 +28,8 @@
  * row as for a good label). Every call also records the descriptors and the
  * value arguments it got in `ce_fake_record`, which the tests read through
  * dlsym. Without flag bit 3 (kFlagLseLow, 8) the lse_low argument is a
- * placeholder that is neither read nor written. Logits are f32.
+ * placeholder that is neither read nor written; so are entropy and argmax
+ * without bits 4 and 5 (16, 32). Logits are f32.
  *
  *===----------------------------------------------------------------------===*/
 
@@ -34,7 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define FAKE_MAX_ARGS 9
+#define FAKE_MAX_ARGS 10
 
 /* What the last call received. */
 typedef struct FakeRecord {
@@ -92,7 +95,13 @@ typedef struct Values {
   ((Values){flags, ignore_index, label_smoothing, z_loss, shard_start,         \
             shard_vocab, logit_scale, logit_softcap})
 
-enum { FLAG_MEGATRON_LABELS = 1, FLAG_IGNORE_INDEX = 2, FLAG_LSE_LOW = 8 };
+enum {
+  FLAG_MEGATRON_LABELS = 1,
+  FLAG_IGNORE_INDEX = 2,
+  FLAG_LSE_LOW = 8,
+  FLAG_ENTROPY = 16,
+  FLAG_ARGMAX = 32
+};
 
 static void record(int n, Desc **descs, const int *ranks, Values v) {
   ce_fake_record.calls++;
@@ -131,6 +140,7 @@ typedef struct Call {
   Desc *logits, *labels, *loss, *lse_out, *lse_in, *lse_low, *grad_loss,
       *weights, *grad, *status;
   Values values;
+  Desc *entropy, *argmax;
 } Call;
 
 static void run(const Call *c) {
@@ -186,6 +196,14 @@ static void run(const Call *c) {
           float *low = (float *)aligned_of(c->lse_low);
           low[token_offset(c->lse_low, token_rank, i0, i1)] = 0.125f + t;
         }
+        if (c->values.flags & FLAG_ENTROPY) {
+          float *h = (float *)aligned_of(c->entropy);
+          h[token_offset(c->entropy, token_rank, i0, i1)] = 0.25f + t;
+        }
+        if (c->values.flags & FLAG_ARGMAX) {
+          int64_t *a = (int64_t *)aligned_of(c->argmax);
+          a[token_offset(c->argmax, token_rank, i0, i1)] = 1000 + t;
+        }
       }
       if (!c->grad)
         continue;
@@ -223,46 +241,50 @@ static void run(const Call *c) {
 
 #define EXPORT __attribute__((visibility("default")))
 
-/* ---- forward: (logits, labels, loss, lse, lse_low, status, values) ---- */
+/* ---- forward: (logits, labels, loss, lse, lse_low, entropy, argmax,
+ * status, values) */
 
 static void forward(int layout, int labels_i32, Desc *logits, Desc *labels,
-                    Desc *loss, Desc *lse, Desc *low, Desc *status, Values v) {
+                    Desc *loss, Desc *lse, Desc *low, Desc *entropy,
+                    Desc *argmax, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, loss, lse, low, status};
-  int ranks[] = {tr + 1, tr, tr, tr, tr, 1};
-  record(6, descs, ranks, v);
+  Desc *descs[] = {logits, labels, loss, lse, low, entropy, argmax, status};
+  int ranks[] = {tr + 1, tr, tr, tr, tr, tr, tr, 1};
+  record(8, descs, ranks, v);
   Call c = {layout, labels_i32, logits, labels, loss,   lse, 0,
-            low,    0,          0,      0,      status, v};
+            low,    0,          0,      0,      status, v,   entropy, argmax};
   run(&c);
 }
 
 EXPORT void fake_forward_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
-                              VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
+                              Desc *g, Desc *h, VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_forward_flat_i32(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
-                                  VALUE_PARAMS) {
-  forward(FLAT, 1, a, b, c, d, e, f, VALUES);
+                                  Desc *g, Desc *h, VALUE_PARAMS) {
+  forward(FLAT, 1, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_forward_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
-                            VALUE_PARAMS) {
-  forward(SBV_BS, 0, a, b, c, d, e, f, VALUES);
+                            Desc *g, Desc *h, VALUE_PARAMS) {
+  forward(SBV_BS, 0, a, b, c, d, e, f, g, h, VALUES);
 }
 EXPORT void fake_forward_sb(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e, Desc *f,
-                            VALUE_PARAMS) {
-  forward(SBV_SB, 0, a, b, c, d, e, f, VALUES);
+                            Desc *g, Desc *h, VALUE_PARAMS) {
+  forward(SBV_SB, 0, a, b, c, d, e, f, g, h, VALUES);
 }
 /* Reports a status that names no token. */
 EXPORT void fake_forward_flat_bad_status(Desc *a, Desc *b, Desc *c, Desc *d,
-                                         Desc *e, Desc *f, VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
-  *((int64_t *)aligned_of(f)) = 1 << 30;
+                                         Desc *e, Desc *f, Desc *g, Desc *h,
+                                         VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, f, g, h, VALUES);
+  *((int64_t *)aligned_of(h)) = 1 << 30;
 }
 /* Reports token 0 although its label is fine. */
 EXPORT void fake_forward_flat_false_alarm(Desc *a, Desc *b, Desc *c, Desc *d,
-                                          Desc *e, Desc *f, VALUE_PARAMS) {
-  forward(FLAT, 0, a, b, c, d, e, f, VALUES);
-  *((int64_t *)aligned_of(f)) = 1;
+                                          Desc *e, Desc *f, Desc *g, Desc *h,
+                                          VALUE_PARAMS) {
+  forward(FLAT, 0, a, b, c, d, e, f, g, h, VALUES);
+  *((int64_t *)aligned_of(h)) = 1;
 }
 
 /* ---- backward: (logits, labels, lse, lse_low, grad_loss, [grad], status,
@@ -283,7 +305,7 @@ static void backward(int layout, Desc *logits, Desc *labels, Desc *lse,
   }
   Call c = {layout, 0,   logits, labels,    0,
             0,      lse, low,    grad_loss, 0,
-            grad ? grad : logits, status, v};
+            grad ? grad : logits, status, v, 0, 0};
   run(&c);
 }
 
@@ -300,63 +322,68 @@ EXPORT void fake_backward_flat_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
   backward(FLAT, a, b, c, d, e, 0, f, VALUES);
 }
 
-/* ---- fused: (logits, labels, weights, loss, lse, lse_low, [grad], status,
- * values) */
+/* ---- fused: (logits, labels, weights, loss, lse, lse_low, entropy,
+ * argmax, [grad], status, values) */
 
 static void fused(int layout, Desc *logits, Desc *labels, Desc *weights,
-                  Desc *loss, Desc *lse, Desc *low, Desc *grad, Desc *status,
-                  Values v) {
+                  Desc *loss, Desc *lse, Desc *low, Desc *entropy,
+                  Desc *argmax, Desc *grad, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, weights, loss, lse, low, grad, status};
-  int ranks[] = {tr + 1, tr, tr, tr, tr, tr, tr + 1, 1};
+  Desc *descs[] = {logits, labels,  weights, loss, lse,
+                   low,    entropy, argmax,  grad, status};
+  int ranks[] = {tr + 1, tr, tr, tr, tr, tr, tr, tr, tr + 1, 1};
   if (grad) {
-    record(8, descs, ranks, v);
+    record(10, descs, ranks, v);
   } else {
-    descs[6] = status;
-    ranks[6] = 1;
-    record(7, descs, ranks, v);
+    descs[8] = status;
+    ranks[8] = 1;
+    record(9, descs, ranks, v);
   }
   Call c = {layout, 0,   logits,  labels, loss,
             lse,    0,   low,     0,      weights,
-            grad ? grad : logits, status, v};
+            grad ? grad : logits, status, v, entropy, argmax};
   run(&c);
 }
 
 EXPORT void fake_fused_flat_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                  Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
-  fused(FLAT, a, b, c, d, e, f, g, h, VALUES);
+                                  Desc *f, Desc *g, Desc *h, Desc *i, Desc *j,
+                                  VALUE_PARAMS) {
+  fused(FLAT, a, b, c, d, e, f, g, h, i, j, VALUES);
 }
 EXPORT void fake_fused_bs_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
-  fused(SBV_BS, a, b, c, d, e, f, g, h, VALUES);
+                                  Desc *f, Desc *g, Desc *h, Desc *i, Desc *j,
+                                  VALUE_PARAMS) {
+  fused(SBV_BS, a, b, c, d, e, f, g, h, i, j, VALUES);
 }
 EXPORT void fake_fused_sb_token(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
-                                Desc *f, Desc *g, Desc *h, VALUE_PARAMS) {
-  fused(SBV_SB, a, b, c, d, e, f, g, h, VALUES);
+                                  Desc *f, Desc *g, Desc *h, Desc *i, Desc *j,
+                                  VALUE_PARAMS) {
+  fused(SBV_SB, a, b, c, d, e, f, g, h, i, j, VALUES);
 }
 EXPORT void fake_fused_flat_token_overwrite(Desc *a, Desc *b, Desc *c, Desc *d,
-                                            Desc *e, Desc *f, Desc *g,
-                                            VALUE_PARAMS) {
-  fused(FLAT, a, b, c, d, e, f, 0, g, VALUES);
+                                            Desc *e, Desc *f, Desc *g, Desc *h,
+                                            Desc *i, VALUE_PARAMS) {
+  fused(FLAT, a, b, c, d, e, f, g, h, 0, i, VALUES);
 }
 
-/* ---- shard_stats: (logits, labels, stats, status, values); records only */
+/* ---- shard_stats: (logits, labels, stats, entropy, argmax, status,
+ * values); records only */
 
 static void shard_stats(int layout, Desc *logits, Desc *labels, Desc *stats,
-                        Desc *status, Values v) {
+                        Desc *entropy, Desc *argmax, Desc *status, Values v) {
   int tr = layout == FLAT ? 1 : 2;
-  Desc *descs[] = {logits, labels, stats, status};
-  int ranks[] = {tr + 1, tr, tr + 1, 1};
-  record(4, descs, ranks, v);
+  Desc *descs[] = {logits, labels, stats, entropy, argmax, status};
+  int ranks[] = {tr + 1, tr, tr + 1, tr, tr, 1};
+  record(6, descs, ranks, v);
 }
 
-EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d,
-                                  VALUE_PARAMS) {
-  shard_stats(FLAT, a, b, c, d, VALUES);
+EXPORT void fake_shard_stats_flat(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                  Desc *f, VALUE_PARAMS) {
+  shard_stats(FLAT, a, b, c, d, e, f, VALUES);
 }
-EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d,
-                                VALUE_PARAMS) {
-  shard_stats(SBV_BS, a, b, c, d, VALUES);
+EXPORT void fake_shard_stats_bs(Desc *a, Desc *b, Desc *c, Desc *d, Desc *e,
+                                Desc *f, VALUE_PARAMS) {
+  shard_stats(SBV_BS, a, b, c, d, e, f, VALUES);
 }
 
 /* Two builds of this file differ here (CMake builds it again with

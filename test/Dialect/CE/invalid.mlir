@@ -301,7 +301,7 @@ func.func @stats_z_loss_operand(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: mem
 
 func.func @smoothing_operand_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %a: i64) {
   // expected-error @+1 {{operand #4 must be 32-bit float, but got 'i64'}}
-  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
+  "ce.forward"(%x, %y, %l, %e, %a) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, i64) -> ()
   return
 }
 
@@ -341,7 +341,7 @@ func.func @shard_bounds_twice(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memre
 
 func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i64) {
   // expected-error @+1 {{shard_bounds needs both start and vocab}}
-  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i64) -> ()
   return
 }
 
@@ -349,7 +349,7 @@ func.func @shard_bounds_half(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref
 
 func.func @shard_bounds_type(%x: memref<?x64xf32>, %y: memref<?xi64>, %s: memref<?x4xf32>, %b: i32, %v: i64) {
   // expected-error @+1 {{operand #3 must be 64-bit signless integer, but got 'i32'}}
-  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
+  "ce.shard_stats"(%x, %y, %s, %b, %v) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0>, shard = #ce.shard<>, z_loss = 0.0 : f32}> : (memref<?x64xf32>, memref<?xi64>, memref<?x4xf32>, i32, i64) -> ()
   return
 }
 
@@ -419,7 +419,31 @@ func.func @logit_scale_nan(%x: memref<?x?xf32>, %y: memref<?xi64>, %w: memref<f3
 
 func.func @logit_scale_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %s: f64) {
   // expected-error @+1 {{operand #4 must be 32-bit float, but got 'f64'}}
-  "ce.forward"(%x, %y, %l, %e, %s) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, f64) -> ()
+  "ce.forward"(%x, %y, %l, %e, %s) <{label_smoothing = 0.0 : f32, layout = #ce<layout flat>, operandSegmentSizes = array<i32: 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0>, z_loss = 0.0 : f32}> : (memref<?x?xf32>, memref<?xi64>, memref<?xf32>, memref<?xf32>, f64) -> ()
+  return
+}
+
+// -----
+
+func.func @entropy_shape(%x: memref<4x8xf32>, %y: memref<4xi64>, %l: memref<4xf32>, %e: memref<4xf32>, %h: memref<3xf32>) {
+  // expected-error @+1 {{'entropy' shape [3] does not match the token shape [4] of layout 'flat'}}
+  ce.forward %x, %y into %l, %e entropy(%h : memref<3xf32>) layout = flat : memref<4x8xf32>, memref<4xi64> into memref<4xf32>, memref<4xf32>
+  return
+}
+
+// -----
+
+func.func @argmax_type(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>, %a: memref<?xi32>) {
+  // expected-error @+1 {{must be memref of 64-bit signless integer values, but got 'memref<?xi32>'}}
+  ce.forward %x, %y into %l, %e argmax(%a : memref<?xi32>) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  return
+}
+
+// -----
+
+func.func @entropy_aliases_lse(%x: memref<?x?xf32>, %y: memref<?xi64>, %l: memref<?xf32>, %e: memref<?xf32>) {
+  // expected-error @+1 {{outputs 'lse' and 'entropy' are the same buffer}}
+  ce.forward %x, %y into %l, %e entropy(%e : memref<?xf32>) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
   return
 }
 

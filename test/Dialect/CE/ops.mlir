@@ -149,3 +149,15 @@ func.func @layout_attr_forms() attributes {test.layouts = [#ce<layout flat>, #ce
   // CHECK-SAME: test.shards = [#ce.shard<start = 3, vocab = 9>, #ce.shard<>, #ce.shard<global_smoothing = true>]
   return
 }
+
+// The entropy and argmax outputs of ce.forward and ce.fused (optional,
+// printed after lse_low).
+// CHECK-LABEL: func @outputs
+// CHECK-SAME: %[[H:[^:]*]]: memref<?xf32>, %[[A:[^:]*]]: memref<?xi64>
+func.func @outputs(%x: memref<?x?xbf16>, %y: memref<?xi64>, %w: memref<?xf32>, %loss: memref<?xf32>, %lse: memref<?xf32>, %low: memref<?xf32>, %h: memref<?xf32>, %a: memref<?xi64>, %flags: i64) {
+  // CHECK: ce.forward {{.*}} lse_low(%{{.*}} : memref<?xf32>) entropy(%[[H]] : memref<?xf32>) argmax(%[[A]] : memref<?xi64>) flags(%{{.*}}) layout = flat :
+  ce.forward %x, %y into %loss, %lse lse_low(%low : memref<?xf32>) entropy(%h : memref<?xf32>) argmax(%a : memref<?xi64>) flags(%flags) layout = flat : memref<?x?xbf16>, memref<?xi64> into memref<?xf32>, memref<?xf32>
+  // CHECK: ce.fused {{.*}} argmax(%[[A]] : memref<?xi64>) layout = flat {overwrite_input} :
+  ce.fused %x, %y, %w into %loss, %lse, %x argmax(%a : memref<?xi64>) layout = flat {overwrite_input} : memref<?x?xbf16>, memref<?xi64>, memref<?xf32> into memref<?xf32>, memref<?xf32>, memref<?x?xbf16>
+  return
+}

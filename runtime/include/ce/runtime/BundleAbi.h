@@ -23,7 +23,7 @@ namespace ce {
 inline constexpr const char *kBundleFormatName = "cegen-bundle";
 /// The format version ce-gen writes and the newest one the runtime reads
 /// (the same value as ce_runtime.h's CE_RUNTIME_BUNDLE_VERSION).
-inline constexpr int64_t kBundleFormatVersion = 4;
+inline constexpr int64_t kBundleFormatVersion = 5;
 /// The manifest's name in a bundle directory.
 inline constexpr const char *kManifestFile = "manifest.json";
 /// The top-level key of the manifest's own SHA-256, taken over
@@ -68,6 +68,10 @@ enum class ArgRole {
   Stats,
   Status,
   LseLow, ///< f32 per token: lse's low part (forward, fused out; backward in)
+  Entropy, ///< f32 per token: entropy of softmax(z) (forward, fused,
+           ///< shard_stats out)
+  Argmax,  ///< i64 per token: index of the largest z (forward, fused,
+           ///< shard_stats out: a global id)
   // The run-time option values, passed by value after the tensors
   // (KernelValues):
   Flags,          ///< i64, KernelFlag bits
@@ -129,6 +133,10 @@ inline const char *stringify(ArgRole role) {
     return "status";
   case ArgRole::LseLow:
     return "lse_low";
+  case ArgRole::Entropy:
+    return "entropy";
+  case ArgRole::Argmax:
+    return "argmax";
   case ArgRole::Flags:
     return "flags";
   case ArgRole::IgnoreIndex:
@@ -154,10 +162,12 @@ inline const char *stringify(ArgRole role) {
 inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
   switch (variant.op) {
   case KernelOp::Forward:
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Loss, ArgRole::Lse,
-            ArgRole::LseLow, ArgRole::Status};
+    return {ArgRole::Logits,  ArgRole::Labels, ArgRole::Loss,
+            ArgRole::Lse,     ArgRole::LseLow, ArgRole::Entropy,
+            ArgRole::Argmax,  ArgRole::Status};
   case KernelOp::ShardStats:
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Stats, ArgRole::Status};
+    return {ArgRole::Logits,  ArgRole::Labels, ArgRole::Stats,
+            ArgRole::Entropy, ArgRole::Argmax, ArgRole::Status};
   case KernelOp::Backward:
     if (variant.overwrite)
       return {ArgRole::Logits, ArgRole::Labels,   ArgRole::Lse,
@@ -166,12 +176,13 @@ inline std::vector<ArgRole> tensorRoles(const KernelVariantKey &variant) {
             ArgRole::GradLoss, ArgRole::Grad,   ArgRole::Status};
   case KernelOp::Fused:
     if (variant.overwrite)
-      return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
-              ArgRole::Loss,   ArgRole::Lse,    ArgRole::LseLow,
-              ArgRole::Status};
-    return {ArgRole::Logits, ArgRole::Labels, ArgRole::Weights,
-            ArgRole::Loss,   ArgRole::Lse,    ArgRole::LseLow,
-            ArgRole::Grad,   ArgRole::Status};
+      return {ArgRole::Logits,  ArgRole::Labels, ArgRole::Weights,
+              ArgRole::Loss,    ArgRole::Lse,    ArgRole::LseLow,
+              ArgRole::Entropy, ArgRole::Argmax, ArgRole::Status};
+    return {ArgRole::Logits,  ArgRole::Labels, ArgRole::Weights,
+            ArgRole::Loss,    ArgRole::Lse,    ArgRole::LseLow,
+            ArgRole::Entropy, ArgRole::Argmax, ArgRole::Grad,
+            ArgRole::Status};
   case KernelOp::Rescale:
     // The gradient is read and written in place; no labels, no status.
     return {ArgRole::Grad, ArgRole::Weights, ArgRole::GradLoss};
@@ -207,8 +218,11 @@ inline ArgShape expectedArg(const KernelVariantKey &variant, ArgRole role) {
   case ArgRole::Loss:
   case ArgRole::Lse:
   case ArgRole::LseLow:
+  case ArgRole::Entropy:
   case ArgRole::GradLoss:
     return {tokenRank, ElemType::F32};
+  case ArgRole::Argmax:
+    return {tokenRank, ElemType::I64};
   case ArgRole::Weights:
     return {tokenRank, ElemType::F32};
   case ArgRole::Stats:

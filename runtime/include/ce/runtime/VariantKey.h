@@ -121,6 +121,14 @@ enum KernelFlag : int64_t {
   /// the argument is a placeholder (the lse's own view) that is neither
   /// written nor used.
   kFlagLseLow = 8,
+  /// The `entropy` argument is a real tensor that forward and fused kernels
+  /// write (each row's entropy of softmax(z)); without the bit it is a
+  /// placeholder (the lse's view) left alone.
+  kFlagEntropy = 16,
+  /// The `argmax` argument is a real tensor that forward and fused kernels
+  /// write (each row's index of its largest z, -1 for a NaN row); without
+  /// the bit it is a placeholder (the lse's view) left alone.
+  kFlagArgmax = 32,
 };
 
 /// Everything that selects one compiled kernel (bundle format version 3).

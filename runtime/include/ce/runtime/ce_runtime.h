@@ -34,7 +34,7 @@
 extern "C" {
 #endif
 
-#define CE_RUNTIME_BUNDLE_VERSION 4
+#define CE_RUNTIME_BUNDLE_VERSION 5
 #define CE_MAX_RANK 3
 
 typedef enum ce_status {
@@ -130,13 +130,24 @@ typedef struct ce_options {
    * statistics of z (docs/tensor-parallel.md). Checked, not used, by
    * ce_rescale. */
   float logit_softcap;
+  /* Optional outputs of ce_forward and ce_fused (NULL: not computed), with
+   * the labels' shape: `entropy` (f32) gets each row's entropy of
+   * softmax(z), sum_j p_j (lse - z_j) (NaN where lse is not finite);
+   * `argmax` (i64) the index of the row's largest z, the lowest index on
+   * ties, -1 for a row with a NaN. Both depend on the logits only (an
+   * ignored token gets its row's values) and cost one more read of the row
+   * (from L2 where it still is). ce_shard_stats writes its slice's entropy
+   * and argmax (a global id) for the combine (docs/tensor-parallel.md).
+   * Ignored by ce_backward and ce_rescale. */
+  const struct ce_tensor *entropy;
+  const struct ce_tensor *argmax;
 } ce_options;
 
 typedef struct ce_bundle ce_bundle;
 
 /* Fills `options` with the defaults: no ignore_index, no smoothing, no
  * z-loss, no overwrite, [B,S] labels, no shard, CE_LABEL_POLICY_STRICT, no
- * lse_low, logit_scale 1, no logit_softcap. */
+ * lse_low, logit_scale 1, no logit_softcap, no entropy or argmax. */
 void ce_options_init(ce_options *options);
 
 ce_status ce_bundle_open(const char *directory, ce_bundle **bundle);

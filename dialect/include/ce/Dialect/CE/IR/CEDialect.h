@@ -25,6 +25,10 @@ enum RuntimeFlag : int64_t {
   /// The `lse_low` operand is in force (written by forward and fused, read by
   /// backward); without the bit it is a placeholder left alone.
   kFlagLseLow = 8,
+  /// The `entropy` operand is in force (forward and fused write it).
+  kFlagEntropy = 16,
+  /// The `argmax` operand is in force (forward and fused write it).
+  kFlagArgmax = 32,
 };
 
 } // namespace mlir::ce

@@ -14,6 +14,7 @@ def CE_LogitsMemRef : MemRefOf<[BF16, F16, F32]>;
 def CE_LabelsMemRef : MemRefOf<[I32, I64]>;
 def CE_TokenMemRef : MemRefOf<[F32]>;
 def CE_StatusMemRef : MemRefOf<[I64]>;
+def CE_IndexTokenMemRef : MemRefOf<[I64]>;
 
 /// The configuration every cross-entropy op carries.
 defvar CE_ConfigAttrs = (ins
@@ -37,6 +38,16 @@ defvar CE_StatusOperand = (ins
 /// lse's low part: written by ce.forward and ce.fused, read by ce.backward.
 defvar CE_LseLowFormat =
   "(`lse_low` `(` $lse_low^ `:` type($lse_low) `)`)? ";
+
+/// The optional per-token outputs of ce.forward and ce.fused.
+defvar CE_OutputsFormat =
+  "(`entropy` `(` $entropy^ `:` type($entropy) `)`)? "
+  "(`argmax` `(` $argmax^ `:` type($argmax) `)`)? ";
+defvar CE_OutputOperands = (ins
+  Arg<Optional<CE_TokenMemRef>, "per-token entropy of softmax(z)",
+      [MemWrite]>:$entropy,
+  Arg<Optional<CE_IndexTokenMemRef>, "per-token index of the largest z",
+      [MemWrite]>:$argmax);
 
 defvar CE_StatusFormat =
   "(`status` `(` $status^ `:` type($status) `)`)? "
@@ -124,6 +135,17 @@ class CE_CrossEntropyOp<string mnemonic, list<Trait> traits = []>
       logits' magnitude. Without the bit the operand is a placeholder that
       is neither written nor used; without `flags` a given `lse_low` is in
       force.
+    - bit 4, the `entropy` operand is in force: ce.forward and ce.fused
+      write each row's entropy `H = sum_j p_j (lse - z_j)` of the softmax
+      of the transformed logits z (NaN where lse is not finite);
+      ce.shard_stats that of its slice (the combine merges them).
+    - bit 5, the `argmax` operand is in force: ce.forward and ce.fused
+      write the index of each row's largest z, the lowest index on ties,
+      -1 for a row with a NaN; ce.shard_stats its slice's, as a global id.
+      Without bit 4 (5) the `entropy` (`argmax`) operand is a placeholder
+      that is not written; without `flags` a given one is in force. Both
+      depend on the logits only: an ignored token or a bad label gets its
+      row's values.
   }];
 }
 
@@ -151,10 +173,10 @@ def CE_ForwardOp : CE_CrossEntropyOp<"forward"> {
     Arg<CE_TokenMemRef, "per-token loss", [MemWrite]>:$loss,
     Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse,
     Arg<Optional<CE_TokenMemRef>, "lse's low part", [MemWrite]>:$lse_low),
-    CE_StatusOperand, CE_ConfigAttrs);
+    CE_OutputOperands, CE_StatusOperand, CE_ConfigAttrs);
   let assemblyFormat = !strconcat(
     "$logits `,` $labels `into` $loss `,` $lse ", CE_LseLowFormat,
-    CE_StatusFormat,
+    CE_OutputsFormat, CE_StatusFormat,
     " attr-dict `:` type($logits) `,` type($labels) `into` type($loss) `,` ",
     "type($lse)");
 }
@@ -226,10 +248,11 @@ def CE_FusedOp : CE_CrossEntropyOp<"fused"> {
     Arg<CE_TokenMemRef, "per-token log-sum-exp", [MemWrite]>:$lse,
     Arg<CE_LogitsMemRef, "logits gradient", [MemWrite]>:$grad,
     Arg<Optional<CE_TokenMemRef>, "lse's low part", [MemWrite]>:$lse_low),
-    CE_StatusOperand, CE_ConfigAttrs, (ins UnitAttr:$overwrite_input));
+    CE_OutputOperands, CE_StatusOperand, CE_ConfigAttrs,
+    (ins UnitAttr:$overwrite_input));
   let assemblyFormat = !strconcat(
     "$logits `,` $labels `,` $weights `into` $loss `,` $lse `,` $grad ",
-    CE_LseLowFormat, CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
+    CE_LseLowFormat, CE_OutputsFormat, CE_StatusFormat, " attr-dict `:` type($logits) `,` type($labels) `,` ",
     "type($weights) `into` type($loss) `,` type($lse) `,` type($grad)");
 }
 
@@ -274,9 +297,9 @@ def CE_ShardStatsOp : CE_CrossEntropyOp<"shard_stats"> {
     Arg<CE_LogitsMemRef, "logits", [MemRead]>:$logits,
     Arg<CE_LabelsMemRef, "labels", [MemRead]>:$labels,
     Arg<CE_TokenMemRef, "per-token partial statistics", [MemWrite]>:$stats),
-    CE_StatusOperand, CE_ConfigAttrs);
+    CE_OutputOperands, CE_StatusOperand, CE_ConfigAttrs);
   let assemblyFormat = !strconcat(
-    "$logits `,` $labels `into` $stats ", CE_StatusFormat,
+    "$logits `,` $labels `into` $stats ", CE_OutputsFormat, CE_StatusFormat,
     " attr-dict `:` type($logits) `,` type($labels) `into` type($stats)");
 }
 

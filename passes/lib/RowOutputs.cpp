@@ -1,0 +1,158 @@
+//===- RowOutputs.cpp - The per-token outputs sweep -----------------------===//
+//
+// The sweep that ce.forward and ce.fused run after the statistics when the
+// entropy or argmax output is asked for (flag bits 4 and 5): each row's
+// entropy of softmax(z), as sum_j p_j (lse - z_j), and the lowest index of
+// its maximum (-1 where it has a NaN), from the statistics sweep's maximum and
+// log-sum. With a softcap every element is z as the statistics sweep made it
+// (the maximum is of z, and so are the argmax and its ties).
+//
+//===----------------------------------------------------------------------===//
+
+#include "RowLoopBuilder.h"
+#include "RowLoopInternal.h"
+
+#include "mlir/Dialect/Arith/IR/Arith.h"
+#include "mlir/Dialect/Math/IR/Math.h"
+#include "mlir/Dialect/Vector/IR/VectorOps.h"
+
+#include <limits>
+
+using namespace mlir;
+using namespace mlir::ce;
+using namespace mlir::ce::detail;
+
+RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
+                                             Value rowMax, Value logSum) {
+  Type i32 = b.getI32Type();
+  auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+  auto indexType = VectorType::get({vectorWidth}, i32);
+  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
+  // log2 p_j = (x_j - m) fl(s log2 e) - L log2 e: the subtraction exact near
+  // the maximum, as the fused gradient's exponent (with a softcap x_j is z_j
+  // and s is 1: the scale is inside z). A term is p log2 p, 0 where p is (a
+  // -inf logit's p = 0 would make it 0 * -inf).
+  Value negLog2Sum = arith::MulFOp::create(b, logSum, f32(-kLog2E));
+  auto terms = [&](Value x, Value indices, Type type,
+                   Type idxType) -> std::pair<Value, Value> {
+    auto splat = [&](Value s, Type t) -> Value {
+      return isa<VectorType>(t) ? vector::BroadcastOp::create(b, t, s)
+                                : s;
+    };
+    Value log2p = math::FmaOp::create(
+        b, arith::SubFOp::create(b, x, splat(rowMax, type)), scaledLog2E(type),
+        splat(negLog2Sum, type));
+    Value p = math::Exp2Op::create(b, log2p);
+    Value positive = arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, p,
+                                           f32(0.0f, type));
+    Value term = arith::SelectOp::create(
+        b, positive, arith::MulFOp::create(b, p, log2p), f32(0.0f, type));
+    Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
+                                        splat(rowMax, type));
+    Value none = arith::ConstantOp::create(
+        b, idxType,
+        isa<VectorType>(idxType)
+            ? cast<TypedAttr>(DenseElementsAttr::get(
+                  cast<ShapedType>(idxType), b.getI32IntegerAttr(kNone)))
+            : cast<TypedAttr>(b.getI32IntegerAttr(kNone)));
+    // A NaN element is -1, below every index: the row's argmax is then -1
+    // whatever the statistics' maximum says (a vector maximum may drop NaNs).
+    // Unordered against the maximum, not against x itself: LLVM narrows
+    // `isnan(fpext bf16)` to a bf16 compare, which NVPTX prints with an
+    // illegal .ftz (ptxas refuses setp.nan.ftz.bf16); a NaN maximum flags
+    // every element, rightly.
+    Value isNaN = arith::CmpFOp::create(b, arith::CmpFPredicate::UNO, x,
+                                        splat(rowMax, type));
+    Value minusOne = arith::ConstantOp::create(
+        b, idxType,
+        isa<VectorType>(idxType)
+            ? cast<TypedAttr>(DenseElementsAttr::get(cast<ShapedType>(idxType),
+                                                     b.getI32IntegerAttr(-1)))
+            : cast<TypedAttr>(b.getI32IntegerAttr(-1)));
+    Value candidate = arith::SelectOp::create(
+        b, isNaN, minusOne, arith::SelectOp::create(b, isMax, indices, none));
+    return {term, candidate};
+  };
+  auto toI32 = [&](Value offset) -> Value {
+    return arith::IndexCastOp::create(b, i32, offset);
+  };
+  SmallVector<int32_t> lanes(vectorWidth);
+  for (unsigned k = 0; k < vectorWidth; ++k)
+    lanes[k] = static_cast<int32_t>(k);
+  Value iota = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
+  Value noneVector = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, kNone));
+  // The terms are summed with Kahan's compensation (sum, lost): a lane adds
+  // V / (threads x width) terms one after another, whose plain f32 sum drifts
+  // by ~1e-5 relative at V = 32000 on one thread.
+  auto kahan = [&](Value sum, Value lost, Value term) -> std::pair<Value, Value> {
+    Value y = arith::SubFOp::create(b, term, lost);
+    Value total = arith::AddFOp::create(b, sum, y);
+    Value newLost = arith::SubFOp::create(
+        b, arith::SubFOp::create(b, total, sum), y);
+    return {total, newLost};
+  };
+  RowRange range = rangeOf(row, vocab);
+  SmallVector<Value> vectorState = buildVectorLoops(
+      range, {f32(0.0f, vectorType), f32(0.0f, vectorType), noneVector},
+      [&](ArrayRef<Value> offsets, ArrayRef<Value> valid,
+          ValueRange state) -> SmallVector<Value> {
+        // Load the whole step first so the loads are in flight together.
+        SmallVector<Value, 8> xs;
+        for (Value offset : offsets)
+          xs.push_back(softcapLogits(widen(loadRawVector(row, offset))));
+        Value sum = state[0], lost = state[1], best = state[2];
+        for (auto [k, x] : llvm::enumerate(xs)) {
+          Value indices = arith::AddIOp::create(
+              b, vector::BroadcastOp::create(b, indexType, toI32(offsets[k])),
+              iota);
+          auto [term, candidate] = terms(x, indices, vectorType, indexType);
+          if (!valid.empty()) {
+            term = arith::SelectOp::create(b, valid[k], term,
+                                           f32(0.0f, vectorType));
+            candidate =
+                arith::SelectOp::create(b, valid[k], candidate, noneVector);
+          }
+          std::tie(sum, lost) = kahan(sum, lost, term);
+          best = arith::MinSIOp::create(b, best, candidate);
+        }
+        return {sum, lost, best};
+      },
+      /*lastFirst=*/threads.enabled());
+  Value sum = vector::ReductionOp::create(
+      b, vector::CombiningKind::ADD,
+      arith::SubFOp::create(b, vectorState[0], vectorState[1]));
+  Value best = vector::ReductionOp::create(b, vector::CombiningKind::MINSI,
+                                           vectorState[2]);
+  SmallVector<Value> scalarState = buildScalarLoops(
+      range, vocab, {sum, f32(0.0f), best},
+      [&](Value j, ValueRange state) -> SmallVector<Value> {
+        Value x = loadLogit(row, j);
+        auto [term, candidate] = terms(x, toI32(j), b.getF32Type(), i32);
+        auto [total, lost] = kahan(state[0], state[1], term);
+        return {total, lost, arith::MinSIOp::create(b, state[2], candidate)};
+      });
+  sum = allReduceSum(
+      arith::SubFOp::create(b, scalarState[0], scalarState[1]));
+  best = allReduceMinIndex(scalarState[2]);
+  RowOutputs outputs;
+  // H = -ln 2 sum_j p_j log2 p_j; NaN where lse is not finite (a NaN or
+  // +inf logit, or no logit above -inf).
+  Value lse = arith::AddFOp::create(b, scaleLogits(rowMax), logSum);
+  Value finite = arith::CmpFOp::create(b, arith::CmpFPredicate::OLT,
+                                       math::AbsFOp::create(b, lse), f32(kInf));
+  outputs.entropy = arith::SelectOp::create(
+      b, finite, arith::MulFOp::create(b, sum, f32(-kLn2)),
+      f32(std::numeric_limits<float>::quiet_NaN()));
+  // -1: the row has a NaN. No element equals the -FLT_MAX of a row with no
+  // value above -inf (all tie: 0).
+  Type i64 = b.getI64Type();
+  Value found = arith::CmpIOp::create(
+      b, arith::CmpIPredicate::ne, best,
+      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNone)));
+  outputs.argmax = arith::SelectOp::create(
+      b, found, arith::ExtSIOp::create(b, i64, best),
+      arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
+  return outputs;
+}
