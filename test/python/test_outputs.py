@@ -10,6 +10,9 @@ float64 references of ``_reference_outputs`` on fresh random inputs with poisone
   (masked vocabulary: p = 0 adds nothing), a one-hot-like row (entropy near 0), a uniform
   row (entropy log V), large offsets, ignored tokens and bad labels under Megatron's
   contract (their rows' outputs all the same).
+* :class:`TestSoftcap`: with ``logit_softcap`` the outputs are of z = cap tanh(s x / cap),
+  as the loss is: the entropy of softmax(z), the argmax the lowest index of the largest z
+  (a saturated cap ties different logits), on every path and in bf16 and f32.
 * :class:`TestApi`: the result type and its Nones, only the loss differentiable, the sweep
   run only for entropy or argmax, flags checked.
 """
@@ -26,7 +29,7 @@ import _support as S
 import cegen
 from cegen import _library
 from cegen.ops import _traced_cross_entropy
-from _reference_outputs import reference_outputs
+from _reference_outputs import argmax_acceptable, reference_outputs
 
 #: Entropy tolerance, relative to max(1, H): the sweep sums p log2 p in f32 with
 #: log2 p = (x - m) fl(s log2 e) - log(S) log2 e (a few ulps of |log2 p| per term).
@@ -202,6 +205,72 @@ class TestRows(unittest.TestCase):
         self.assertTrue(torch.equal(a.entropy, b.entropy))
         self.assertTrue(torch.equal(a.argmax, b.argmax))
         self.assertEqual(b.loss[0].item(), 0.0)
+
+
+@S.requires_kernels
+class TestSoftcap(unittest.TestCase):
+    """The outputs' sweep must see the z the statistics sweep saw: fed the raw x instead,
+    the argmax compares x with the maximum of z and the entropy's log p is off by x - z."""
+
+    def check(self, dtype, scale, cap, *, fused=False, traced=False, offset=0):
+        shape = (12, 301)  # 301: the vector loop and its scalar tail
+        source = S.random_logits(shape, dtype, scale=2.0 * cap / scale, offset=offset)
+        # Rows the cap saturates: different logits with the same z in f32 (tanh(y) = 1
+        # for |y| >= 9 in the kernels' tanh), so the lowest index of the tie must win,
+        # not the largest x; and a row whose largest x is past the saturation twice.
+        high = 12.0 * cap / scale
+        source[0, 40], source[0, 7], source[0, 200] = high, 2 * high, 3 * high
+        source[1, 5], source[1, 300] = 3 * high, 2 * high
+        source[2] = -high
+        source[2, 100], source[2, 250] = high, 2 * high
+        source = source.to(dtype)
+        labels = S.random_labels((shape[0],), shape[1], offset=offset + 1)
+        upstream = torch.rand(shape[0], generator=S.generator(offset + 3)) * 2 - 1
+        leaf = source.clone().requires_grad_(True)
+        ref = reference_outputs(source, labels, logit_scale=scale, logit_softcap=cap,
+                                grad_loss=upstream)
+        weights = upstream if fused else None
+        with cegen._kernels.poison_outputs():
+            if traced:
+                result = _traced_cross_entropy(
+                    leaf, labels, None, 0.0, 0.0, False, "bs", weights, None, "error",
+                    logit_scale=scale, logit_softcap=cap, returns=(True, True, True))
+            else:
+                result = cegen.cross_entropy(
+                    leaf, labels, grad_weights=weights, logit_scale=scale,
+                    logit_softcap=cap, return_lse=True, return_entropy=True,
+                    return_argmax=True)
+        what = f"{dtype} s={scale} cap={cap} fused={fused} traced={traced} (seed={S.SEED})"
+        # z in f32 is within a few ulps of the cap (docs/lowering.md, "The logit softcap").
+        z_atol = 8 * cap * 2.0 ** -23
+        S.assert_close(self, result.lse, ref.lse, 1e-6, 1e-6 + z_atol, "lse " + what)
+        # |dH| <= max_j |dz_j| sum_j p_j |z_j - mean z| <= z_atol 2 cap.
+        error = (result.entropy.double() - ref.entropy).abs()
+        bound = ENTROPY_RTOL * ref.entropy.abs().clamp(min=1.0) + 2 * cap * z_atol
+        self.assertTrue(bool((error <= bound).all()),
+                        f"entropy {what}: {result.entropy.tolist()} vs {ref.entropy.tolist()}")
+        ok = argmax_acceptable(source, result.argmax, atol=z_atol, logit_scale=scale,
+                               logit_softcap=cap)
+        self.assertTrue(bool(ok.all()),
+                        f"argmax {what}: {result.argmax.tolist()} vs {ref.argmax.tolist()}")
+        # The saturated ties: the lowest index of the largest z, not of the largest x.
+        self.assertEqual(result.argmax[:3].tolist(), [7, 5, 100], what)
+        result.loss.backward(upstream)
+        rtol, atol = S.GRAD_TOLERANCE[dtype]
+        S.assert_close(self, leaf.grad, ref.grad, rtol,
+                       atol * max(1.0, scale) + scale * 2.0 ** -19, "gradient " + what)
+
+    def test_entropy_and_argmax_are_of_z(self) -> None:
+        index = 0
+        for dtype in (torch.float32, torch.bfloat16):
+            for scale, cap in ((1.0, 5.0), (2.5, 15.0)):
+                for fused, traced in ((False, False), (True, False), (False, True),
+                                      (True, True)):
+                    index += 1
+                    with self.subTest(dtype=dtype, scale=scale, cap=cap, fused=fused,
+                                      traced=traced):
+                        self.check(dtype, scale, cap, fused=fused, traced=traced,
+                                   offset=400 + 10 * index)
 
 
 @S.requires_kernels
