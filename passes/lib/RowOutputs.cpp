@@ -16,6 +16,8 @@
 #include "mlir/Dialect/Math/IR/Math.h"
 #include "mlir/Dialect/Vector/IR/VectorOps.h"
 
+#include "llvm/ADT/ScopeExit.h"
+
 #include <limits>
 
 using namespace mlir;
@@ -24,6 +26,12 @@ using namespace mlir::ce::detail;
 
 RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
                                              Value rowMax, Value logSum) {
+  // One vector per thread and step: the sweep's registers (loads, the Kahan
+  // sums, the indices) count against the whole kernel's budget even where
+  // its branch is not taken, and the fused kernel's occupancy depends on it.
+  unsigned savedUnroll = unroll;
+  unroll = 1;
+  llvm::scope_exit restoreUnroll([&] { unroll = savedUnroll; });
   Type i32 = b.getI32Type();
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   auto indexType = VectorType::get({vectorWidth}, i32);
