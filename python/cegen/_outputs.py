@@ -20,7 +20,7 @@ from torch.autograd.function import once_differentiable
 from . import _library
 from ._ownership import bump_version
 
-__all__ = ["CrossEntropyResult", "cross_entropy_outputs"]
+__all__ = ["CrossEntropyResult", "cross_entropy_outputs", "two_kernel_gradient"]
 
 
 class CrossEntropyResult(NamedTuple):
@@ -35,6 +35,18 @@ class CrossEntropyResult(NamedTuple):
     lse: Optional[torch.Tensor]
     entropy: Optional[torch.Tensor]
     argmax: Optional[torch.Tensor]
+
+
+def two_kernel_gradient(ctx: Any, grad_loss: torch.Tensor) -> torch.Tensor:
+    """The backward kernel's gradient from what a two-kernel forward saved (logits, labels,
+    lse, lse_low; ``ctx.op_args``, ``ctx.overwrite``): written over the logits under
+    overwrite (their version bumped), else into a fresh tensor."""
+    logits, labels, lse, lse_low = ctx.saved_tensors
+    if ctx.overwrite:
+        _library.backward_overwrite(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
+        bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
+        return logits.detach()
+    return _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
 
 
 class _OutputsFunction(torch.autograd.Function):
@@ -61,14 +73,7 @@ class _OutputsFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor,  # type: ignore[override]
                  *unused: Any) -> Tuple[Optional[torch.Tensor], ...]:
-        logits, labels, lse, lse_low = ctx.saved_tensors
-        if ctx.overwrite:
-            _library.backward_overwrite(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-            bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
-            grad = logits.detach()
-        else:
-            grad = _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-        return (grad,) + (None,) * (3 + len(ctx.op_args))
+        return (two_kernel_gradient(ctx, grad_loss),) + (None,) * (3 + len(ctx.op_args))
 
 
 class _FusedOutputsFunction(torch.autograd.Function):

@@ -27,7 +27,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _kernels, _library, _rescale, _validate
-from ._outputs import CrossEntropyResult, cross_entropy_outputs
+from ._outputs import CrossEntropyResult, cross_entropy_outputs, two_kernel_gradient
 from ._errors import CegenError, InvalidInputError
 from ._kernels import KernelOptions, check_inputs, kernel_options
 from ._ownership import bump_version, grant_overwrite, is_compiling
@@ -84,14 +84,7 @@ class _CrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, grad_loss: torch.Tensor,  # type: ignore[override]
                  grad_lse: Optional[torch.Tensor]) -> Tuple[Optional[torch.Tensor], ...]:
-        logits, labels, lse, lse_low = ctx.saved_tensors
-        if ctx.overwrite:
-            _library.backward_overwrite(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-            bump_version(logits)  # saved copies of the logits elsewhere now fail loudly
-            grad = logits.detach()
-        else:
-            grad = _library.backward(logits, labels, lse, lse_low, grad_loss, *ctx.op_args)
-        return grad, None, None, None, None, None, None, None, None, None, None
+        return (two_kernel_gradient(ctx, grad_loss),) + (None,) * 10
 
 
 class _FusedCrossEntropyFunction(torch.autograd.Function):
