@@ -31,6 +31,15 @@ struct RowStats {
   /// the sum where it is finite and |max| < 2^24, else from the exact
   /// re-sweep's shifted sum, which no finite row overflows.
   Value meanShift;
+  /// With the outputs (buildStatistics' `withOutputs`): f32, U = sum_j
+  /// exp(s (x_j - max)) (x_j - max) fl(s log2 e) (the entropy is
+  /// log1p(rest) - U ln 2 / (1 + rest)), i32, the lowest j with x_j == max
+  /// (INT32_MAX for none), and i1, whether the row was swept again exactly
+  /// (|s max| >= 2^24, NaN, inf, an overflowing sum): U and the index are
+  /// then not of the row (buildOutputsSweep gives its outputs).
+  Value entropySum;
+  Value bestIndex;
+  Value resweep;
 };
 
 /// The per-token outputs of one row (buildOutputsSweep).
@@ -145,8 +154,10 @@ public:
   /// `shiftedSum` (an exact mean - max for logits with a common offset; the
   /// raw sum is then sum_j (x_j - c) + V c, which loses digits where it is
   /// small: shard_stats, which stores the raw sum, passes false).
+  /// `withOutputs` also accumulates the entropy's sum and the argmax
+  /// (RowStats), in the same sweep.
   RowStats buildStatistics(const RowRef &row, Value vocab, bool withSum,
-                           bool shiftedSum = true);
+                           bool shiftedSum = true, bool withOutputs = false);
 
   /// `lse = s max + log1p(rest)`.
   Value buildLogSumExp(const RowStats &stats);
@@ -175,6 +186,10 @@ public:
   /// thread gets both.
   RowOutputs buildOutputsSweep(const RowRef &row, Value vocab, Value rowMax,
                                Value logSum);
+  /// The outputs of statistics built `withOutputs`: from their sums where
+  /// the main sweep's values hold, else from buildOutputsSweep.
+  RowOutputs buildOutputs(const RowRef &row, Value vocab,
+                          const RowStats &stats);
 
   /// Writes `value` (f32) into every element of the row.
   void buildFill(const RowRef &grad, Value vocab, Value value);
@@ -204,7 +219,19 @@ private:
   /// buildStatistics' main sweep, each exponent one FMA (valid for rows
   /// whose maximum is below 2^24 in magnitude).
   RowStats buildStatisticsSweep(const RowRef &row, Value vocab, bool withSum,
-                                bool shiftedSum);
+                                bool shiftedSum, bool withOutputs);
+  /// The entropy sum `sum` of a state with maximum `from` and total
+  /// `total` (1 + rest) moved to the maximum `to` >= `from` (scalars).
+  Value moveEntropySum(Value sum, Value total, Value from, Value to);
+  /// The argmax candidates of a statistics step: `best` (i32, of the state
+  /// whose maximum was `oldMax`) updated by the vectors `xs` at `offsets`
+  /// whose maximum is `stepMax` (a branch, taken where the step reaches
+  /// the state's maximum).
+  Value stepBestIndex(Value best, Value oldMax, Value stepMax,
+                      ArrayRef<Value> xs, ArrayRef<Value> offsets);
+  /// `best` (i32, of a state with maximum `max`) where `max` is the row's
+  /// `rowMax`, else INT32_MAX.
+  Value bestIndexAt(Value best, Value max, Value rowMax);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);

@@ -29,6 +29,8 @@ inline constexpr float kInf = std::numeric_limits<float>::infinity();
 /// so that `x - max` is never -inf - -inf and no element but -FLT_MAX
 /// itself compares equal to it. Such a state has no implicit 1 (rest = -1).
 inline constexpr float kNoMax = -std::numeric_limits<float>::max();
+/// The argmax candidate of no element (every index is below it).
+inline constexpr int32_t kNoIndex = std::numeric_limits<int32_t>::max();
 
 /// The indices of element `index` of `row`.
 inline SmallVector<Value, 3> indicesOf(const RowRef &row, Value index) {

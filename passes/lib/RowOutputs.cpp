@@ -1,11 +1,18 @@
-//===- RowOutputs.cpp - The per-token outputs sweep -----------------------===//
+//===- RowOutputs.cpp - The per-token outputs -----------------------------===//
 //
-// The sweep that ce.forward and ce.fused run after the statistics when the
-// entropy or argmax output is asked for (flag bits 4 and 5): each row's
-// entropy of softmax(z), as sum_j p_j (lse - z_j), and the lowest index of
-// its maximum (-1 where it has a NaN), from the statistics sweep's maximum and
-// log-sum. With a softcap every element is z as the statistics sweep made it
-// (the maximum is of z, and so are the argmax and its ties).
+// The entropy and argmax outputs of ce.forward, ce.fused and ce.shard_stats
+// (flag bits 4 and 5). The statistics sweep accumulates them (its
+// `withOutputs`): per lane the entropy's sum U = sum_j t_j (x_j - m) L, t_j
+// = exp(s (x_j - m)), L = fl(s log2 e), moved with the running maximum like
+// the sum of exponentials, and per thread the lowest index of its maximum,
+// looked for only in the steps that reach it. The helpers for that live
+// here, with the outputs built from them: H = log S - U ln 2 / S. A row the
+// statistics sweep a second time (|s max| >= 2^24, NaN, inf) gets its
+// outputs from a sweep of their own instead: each row's entropy of
+// softmax(z), as sum_j p_j (lse - z_j), and the lowest index of its maximum
+// (-1 where it has a NaN). With a softcap every element is z as the
+// statistics sweep made it (the maximum is of z, and so are the argmax and
+// its ties).
 //
 //===----------------------------------------------------------------------===//
 
@@ -35,7 +42,6 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
   Type i32 = b.getI32Type();
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
   auto indexType = VectorType::get({vectorWidth}, i32);
-  constexpr int32_t kNone = std::numeric_limits<int32_t>::max();
   // log2 p_j = (x_j - m) fl(s log2 e) - L log2 e: the subtraction exact near
   // the maximum, as the fused gradient's exponent (with a softcap x_j is z_j
   // and s is 1: the scale is inside z). A term is p log2 p, 0 where p is (a
@@ -61,8 +67,8 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
         b, idxType,
         isa<VectorType>(idxType)
             ? cast<TypedAttr>(DenseElementsAttr::get(
-                  cast<ShapedType>(idxType), b.getI32IntegerAttr(kNone)))
-            : cast<TypedAttr>(b.getI32IntegerAttr(kNone)));
+                  cast<ShapedType>(idxType), b.getI32IntegerAttr(kNoIndex)))
+            : cast<TypedAttr>(b.getI32IntegerAttr(kNoIndex)));
     // A NaN element is -1, below every index: the row's argmax is then -1
     // whatever the statistics' maximum says (a vector maximum may drop NaNs).
     // Unordered against the maximum, not against x itself: LLVM narrows
@@ -90,7 +96,7 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
   Value iota = arith::ConstantOp::create(
       b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
   Value noneVector = arith::ConstantOp::create(
-      b, indexType, DenseElementsAttr::get(indexType, kNone));
+      b, indexType, DenseElementsAttr::get(indexType, kNoIndex));
   // The terms are summed with Kahan's compensation (sum, lost): a lane adds
   // V / (threads x width) terms one after another, whose plain f32 sum drifts
   // by ~1e-5 relative at V = 32000 on one thread.
@@ -158,9 +164,99 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
   Type i64 = b.getI64Type();
   Value found = arith::CmpIOp::create(
       b, arith::CmpIPredicate::ne, best,
-      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNone)));
+      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
   outputs.argmax = arith::SelectOp::create(
       b, found, arith::ExtSIOp::create(b, i64, best),
       arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
   return outputs;
+}
+
+Value RowLoopBuilder::moveEntropySum(Value sum, Value total, Value from,
+                                     Value to) {
+  // U' = r (U + delta S), delta = (from - to) L, r = 2^delta; delta at least
+  // -2^20, so a state that saw nothing (S = 0) moves to 0, not 0 * -inf.
+  Value delta = arith::MaximumFOp::create(
+      b, arith::MulFOp::create(b, arith::SubFOp::create(b, from, to),
+                               scaledLog2E()),
+      f32(-0x1p20f));
+  return arith::MulFOp::create(b, math::FmaOp::create(b, delta, total, sum),
+                               math::Exp2Op::create(b, delta));
+}
+
+Value RowLoopBuilder::bestIndexAt(Value best, Value max, Value rowMax) {
+  Value holds =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, max, rowMax);
+  return arith::SelectOp::create(
+      b, holds, best,
+      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
+}
+
+Value RowLoopBuilder::stepBestIndex(Value best, Value oldMax, Value stepMax,
+                                    ArrayRef<Value> xs,
+                                    ArrayRef<Value> offsets) {
+  // Rare once a thread's maximum has settled: the branch is taken where the
+  // step holds an element at least as large as every earlier one.
+  Value reaches =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OGE, stepMax, oldMax);
+  Type i32 = b.getI32Type();
+  return buildIfYield(
+      b, reaches, TypeRange{i32},
+      [&] {
+        auto vectorType = cast<VectorType>(xs.front().getType());
+        auto indexType = VectorType::get(vectorType.getShape(), i32);
+        SmallVector<int32_t> lanes(vectorType.getNumElements());
+        for (auto [k, lane] : llvm::enumerate(lanes))
+          lane = static_cast<int32_t>(k);
+        Value iota = arith::ConstantOp::create(
+            b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
+        Value none = arith::ConstantOp::create(
+            b, indexType, DenseElementsAttr::get(indexType, kNoIndex));
+        Value splatMax = vector::BroadcastOp::create(b, vectorType, stepMax);
+        Value candidates = none;
+        for (auto [x, offset] : llvm::zip_equal(xs, offsets)) {
+          Value indices = arith::AddIOp::create(
+              b,
+              vector::BroadcastOp::create(
+                  b, indexType, arith::IndexCastOp::create(b, i32, offset)),
+              iota);
+          Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
+                                              splatMax);
+          candidates = arith::MinSIOp::create(
+              b, candidates, arith::SelectOp::create(b, isMax, indices, none));
+        }
+        Value found = vector::ReductionOp::create(
+            b, vector::CombiningKind::MINSI, candidates);
+        Value grew =
+            arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, stepMax, oldMax);
+        return SmallVector<Value>{arith::SelectOp::create(
+            b, grew, found, arith::MinSIOp::create(b, best, found))};
+      },
+      [&] { return SmallVector<Value>{best}; })[0];
+}
+
+RowOutputs RowLoopBuilder::buildOutputs(const RowRef &row, Value vocab,
+                                        const RowStats &stats) {
+  SmallVector<Value> values = buildIfYield(
+      b, stats.resweep, TypeRange{b.getF32Type(), b.getI64Type()},
+      [&] {
+        RowOutputs swept = buildOutputsSweep(row, vocab, stats.max,
+                                             buildLog1p(stats.rest));
+        return SmallVector<Value>{swept.entropy, swept.argmax};
+      },
+      [&] {
+        // H = log S - U ln 2 / S, S = 1 + rest (both terms >= 0: no
+        // cancellation).
+        Value total = arith::AddFOp::create(b, stats.rest, f32(1.0f));
+        Value entropy = math::FmaOp::create(
+            b, f32(-kLn2), arith::DivFOp::create(b, stats.entropySum, total),
+            buildLog1p(stats.rest));
+        Value found = arith::CmpIOp::create(
+            b, arith::CmpIPredicate::ne, stats.bestIndex,
+            arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
+        Value argmax = arith::SelectOp::create(
+            b, found, arith::ExtSIOp::create(b, b.getI64Type(), stats.bestIndex),
+            arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
+        return SmallVector<Value>{entropy, argmax};
+      });
+  return {values[0], values[1]};
 }

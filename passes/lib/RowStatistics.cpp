@@ -34,19 +34,32 @@ using namespace mlir::ce::detail;
 /// caller takes out of the small terms (the maximum's own terms are 2^d, not
 /// exactly 1, which the count's rounding absorbs). Without it the exponent is
 /// `(x - max) log2 e` and the maximum's terms are exactly 1.
+///
+/// `weighted` (with `negScaledMax`): also sum_k e_k a_k, a_k the exponent
+/// (the entropy's sum before its residual is taken out), a_k at least -256
+/// so that a -inf element adds 0 * -256.
 static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                                         ImplicitLocOpBuilder &b,
                                         ArrayRef<Value> xs, Value max,
-                                        Value negScaledMax = {}) {
+                                        Value negScaledMax = {},
+                                        Value *weighted = nullptr) {
   Value zero = rows.f32(0.0f, max.getType());
   Value log2e = negScaledMax ? rows.scaledLog2E(max.getType()) : Value();
   Value smallTerms, allTerms;
   for (Value x : xs) {
     Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, max);
+    Value exponent =
+        negScaledMax ? math::FmaOp::create(b, x, log2e, negScaledMax).getResult()
+                     : Value();
     Value e = negScaledMax
-                  ? math::Exp2Op::create(
-                        b, math::FmaOp::create(b, x, log2e, negScaledMax))
+                  ? math::Exp2Op::create(b, exponent).getResult()
                   : rows.buildScaledExp(arith::SubFOp::create(b, x, max));
+    if (weighted) {
+      Value a = arith::MaximumFOp::create(b, exponent,
+                                          rows.f32(-256.0f, max.getType()));
+      *weighted = *weighted ? math::FmaOp::create(b, e, a, *weighted).getResult()
+                            : arith::MulFOp::create(b, e, a).getResult();
+    }
     Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
                             : term;
@@ -130,10 +143,13 @@ static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
 /// row's maximum, and buildStatistics sweeps a row whose maximum is not below
 /// 2^24 in magnitude again with exact subtractions.
 /// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
+/// `entropySum` (a vector like `rest`, with the outputs): the per-lane
+/// entropy sums U (RowStats), updated in place.
 static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                                             ImplicitLocOpBuilder &b, Value max,
                                             Value rest, ArrayRef<Value> xs,
-                                            Value stepMax) {
+                                            Value stepMax,
+                                            Value *entropySum = nullptr) {
   auto type = cast<VectorType>(rest.getType());
   auto splat = [&](Value scalar) -> Value {
     return vector::BroadcastOp::create(b, type, scalar);
@@ -154,8 +170,32 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
       b, math::FmaOp::create(b, newMax, log2e, negScaled),
       rows.f32(-64.0f));
   Value unscale = unscaleOf(rows, b, residual);
+  Value weighted;
   auto [smallTerms, allTerms] =
-      sumTerms(rows, b, xs, splat(newMax), splat(negScaled));
+      sumTerms(rows, b, xs, splat(newMax), splat(negScaled),
+               entropySum ? &weighted : nullptr);
+  if (entropySum) {
+    // The terms are t 2^d with exponents a = (x - m) L + d (L = fl(s log2
+    // e)): sum t (x - m) L = 2^-d (sum e a - d sum e). The old sums move to
+    // the new maximum as U' = r (U + delta S), delta = (m_old - m) L <= 0
+    // (at least -2^20: a first maximum from -FLT_MAX has r = 0 and S = 0),
+    // r = exp2(delta), S the old total (its implicit 1 on lane 0).
+    Value stepSum = arith::MulFOp::create(
+        b,
+        math::FmaOp::create(b, arith::NegFOp::create(b, splat(residual)),
+                            allTerms, weighted),
+        splat(unscale));
+    Value delta = arith::MaximumFOp::create(
+        b,
+        arith::MulFOp::create(b, arith::SubFOp::create(b, max, newMax),
+                              rows.scaledLog2E()),
+        rows.f32(-0x1p20f));
+    Value moved = math::FmaOp::create(b, splat(delta), rest, *entropySum);
+    Value lane = vector::ExtractOp::create(b, moved, ArrayRef<int64_t>{0});
+    moved = vector::InsertOp::create(b, arith::AddFOp::create(b, lane, delta),
+                                     moved, ArrayRef<int64_t>{0});
+    *entropySum = math::FmaOp::create(b, moved, splat(rescale), stepSum);
+  }
   Value maxCount = math::RoundEvenOp::create(
       b, arith::MulFOp::create(
              b,
@@ -200,8 +240,10 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
 }
 
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
-                                         bool withSum, bool shiftedSum) {
-  RowStats stats = buildStatisticsSweep(row, vocab, withSum, shiftedSum);
+                                         bool withSum, bool shiftedSum,
+                                         bool withOutputs) {
+  RowStats stats =
+      buildStatisticsSweep(row, vocab, withSum, shiftedSum, withOutputs);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
@@ -322,11 +364,24 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     result.sum = values[2];
     result.meanShift = values[3];
   }
+  if (withOutputs) {
+    result.entropySum = stats.entropySum;
+    result.bestIndex = stats.bestIndex;
+    // A NaN logit need not reach the maximum (a merge of states may drop
+    // it) but makes the sums NaN: such a row takes the outputs' own sweep
+    // too, which reports it.
+    result.resweep = arith::OrIOp::create(
+        b, unusual,
+        arith::CmpFOp::create(
+            b, arith::CmpFPredicate::UNO, stats.rest,
+            arith::AddFOp::create(b, stats.entropySum, stats.rest)));
+  }
   return result;
 }
 
 RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
-                                              bool withSum, bool shiftedSum) {
+                                              bool withSum, bool shiftedSum,
+                                              bool withOutputs) {
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
@@ -339,6 +394,12 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
+  // With the outputs, the per-lane entropy sums and the thread's argmax.
+  Type i32 = b.getI32Type();
+  Value noIndex = arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex));
+  size_t outputsAt = inits.size();
+  if (withOutputs)
+    inits.append({f32(0.0f, vectorType), noIndex});
   // The row sum is taken of x - c, c the row's first element (0 where that
   // is not finite, or for an empty row): a common offset of the logits (all
   // near 100, say) then costs no digits of mean - max, which the smoothing
@@ -404,8 +465,16 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       }
       xs.push_back(x);
     }
-    auto [max, rest] =
-        stepRowState(*this, b, state[0], state[1], xs, stepMax);
+    Value entropySum, bestIndex;
+    if (withOutputs) {
+      if (!stepMax)
+        stepMax = maximumOf(b, xs);
+      entropySum = state[outputsAt];
+      bestIndex = stepBestIndex(state[outputsAt + 1], state[0], stepMax, xs,
+                                offsets);
+    }
+    auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs, stepMax,
+                                    withOutputs ? &entropySum : nullptr);
     SmallVector<Value> next = {max, rest};
     if (withSum) {
       Value tileSum = sumXs.front();
@@ -413,6 +482,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         tileSum = arith::AddFOp::create(b, tileSum, x);
       next.push_back(arith::AddFOp::create(b, state[2], tileSum));
     }
+    if (withOutputs)
+      next.append({entropySum, bestIndex});
     return next;
   };
   auto stepFrom = [&](Source source) {
@@ -472,10 +543,19 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
                                       lanes[2]);
 
+  Value entropySum, bestIndex;
+  if (withOutputs) {
+    entropySum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
+                                             lanes[outputsAt]);
+    bestIndex = lanes[outputsAt + 1];
+  }
+
   // Scalar head and tail: a state of their own, merged last.
   SmallVector<Value> tailInits = {f32(kNoMax), f32(-1.0f)};
   if (withSum)
     tailInits.push_back(f32(0.0f));
+  if (withOutputs)
+    tailInits.append({f32(0.0f), noIndex});
   SmallVector<Value> tailState = buildScalarLoops(
       range, vocab, tailInits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
@@ -487,21 +567,67 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
           next.push_back(arith::AddFOp::create(
               b, state[2],
               sumShift ? arith::SubFOp::create(b, x, sumShift).getResult() : x));
+        if (withOutputs) {
+          // U' = r (U + delta S) + t a, a = (x - m') L, t = exp2(a).
+          Value total = arith::AddFOp::create(b, state[1], f32(1.0f));
+          Value moved = moveEntropySum(state[outputsAt], total, state[0],
+                                       tailMax);
+          Value a = arith::MulFOp::create(
+              b, arith::SubFOp::create(b, x, tailMax), scaledLog2E());
+          Value term = arith::MulFOp::create(
+              b, math::Exp2Op::create(b, a),
+              arith::MaximumFOp::create(b, a, f32(-256.0f)));
+          next.push_back(arith::AddFOp::create(b, moved, term));
+          Value index = arith::IndexCastOp::create(b, i32, j);
+          next.push_back(arith::MinSIOp::create(
+              b, bestIndexAt(state[outputsAt + 1], state[0], tailMax),
+              bestIndexAt(index, x, tailMax)));
+        }
         return next;
       });
+  Value threadMax = max, threadTotal;
+  if (withOutputs) {
+    // This thread's vector and scalar parts at their common maximum.
+    Value top = arith::MaximumFOp::create(b, max, tailState[0]);
+    entropySum = arith::AddFOp::create(
+        b,
+        moveEntropySum(entropySum, arith::AddFOp::create(b, rest, f32(1.0f)),
+                       max, top),
+        moveEntropySum(tailState[outputsAt],
+                       arith::AddFOp::create(b, tailState[1], f32(1.0f)),
+                       tailState[0], top));
+    bestIndex = arith::MinSIOp::create(
+        b, bestIndexAt(bestIndex, max, top),
+        bestIndexAt(tailState[outputsAt + 1], tailState[0], top));
+  }
   std::tie(max, rest) =
       combineStates(max, rest, tailState[0], tailState[1]);
   if (withSum)
     sum = arith::AddFOp::create(b, sum, tailState[2]);
+  if (withOutputs) {
+    threadMax = max;
+    threadTotal = arith::AddFOp::create(b, rest, f32(1.0f));
+  }
   std::tie(max, rest) = allReduceState(max, rest);
+  RowStats outputs;
+  if (withOutputs) {
+    // Every thread's sums moved to the row's maximum, then added; the
+    // lowest index among the threads that hold the row's maximum.
+    outputs.entropySum = allReduceSum(
+        moveEntropySum(entropySum, threadTotal, threadMax, max));
+    outputs.bestIndex = allReduceMinIndex(bestIndexAt(bestIndex, threadMax, max));
+  }
   if (!withSum)
-    return {max, rest, Value()};
+    return {max, rest, Value(), Value(), outputs.entropySum,
+            outputs.bestIndex};
   // sum = sum_j (x_j - c) + V c; mean - max = sum_j (x_j - c) / V + (c - max).
   Value reducedSum = allReduceSum(sum);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
   RowStats stats{max, rest};
+  stats.entropySum = outputs.entropySum;
+  stats.bestIndex = outputs.bestIndex;
   Value mean = arith::DivFOp::create(b, reducedSum, vocabF32);
   if (!sumShift) {
     stats.sum = reducedSum;

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "TokenLowering.h"
+#include "RowLoopInternal.h"
 
 #include "mlir/Dialect/Arith/IR/Arith.h"
 #include "mlir/Dialect/GPU/IR/GPUDialect.h"
@@ -328,8 +329,8 @@ void CrossEntropyLowering::lowerToken(BackwardOp op, const Token &t) {
 void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
   LabelInfo label = readLabel(t);
   // The raw row sum is stored: no shift (buildStatistics).
-  RowStats stats = rows.buildStatistics(rowOf(logits, t), vocab,
-                                        hasSmoothing(), /*shiftedSum=*/false);
+  RowStats stats = statisticsOf(t, hasSmoothing(), /*shiftedSum=*/false,
+                                op.getEntropy(), op.getArgmax());
   Value target =
       arith::SelectOp::create(b, label.accepted, label.target, rows.f32(kNaN));
   target = arith::SelectOp::create(b, label.ignored, rows.f32(0.0f), target);
@@ -343,8 +344,7 @@ void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
     }
   });
   // The slice's entropy and argmax (a global id) for the combine.
-  buildOutputs(t, stats.max, rows.buildLog1p(stats.rest), op.getEntropy(),
-               op.getArgmax(), shardStart);
+  buildOutputs(t, stats, op.getEntropy(), op.getArgmax(), shardStart);
 }
 
 void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
@@ -365,8 +365,8 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
                                       Value lseOut, Value lseLowOut,
                                       Value entropyOut, Value argmaxOut) {
   LabelInfo label = readLabel(t);
-  RowStats stats =
-      rows.buildStatistics(rowOf(logits, t), vocab, hasSmoothing());
+  RowStats stats = statisticsOf(t, hasSmoothing(), /*shiftedSum=*/true,
+                                entropyOut, argmaxOut);
   // z = s x: lse = s max + log1p(rest) with s max rounded once (its error
   // goes into lse_low), and log p_y = (x_y - max) s - log1p(rest), the
   // subtraction first.
@@ -408,25 +408,69 @@ CrossEntropyLowering::buildLossAndLse(const Token &t, Value lossOut,
       buildIf(b, lseLowInForce(),
               [&] { memref::StoreOp::create(b, low, lseLowOut, t.indices); });
   });
-  buildOutputs(t, stats.max, logSum, entropyOut, argmaxOut);
+  buildOutputs(t, stats, entropyOut, argmaxOut);
   return {label, lse, logProb, stats.max, logSum};
 }
 
-void CrossEntropyLowering::buildOutputs(const Token &t, Value rowMax,
-                                        Value logSum, Value entropyOut,
-                                        Value argmaxOut, Value indexOffset) {
-  if (!entropyOut && !argmaxOut)
-    return;
-  // One more sweep of the row, only where an output is in force (the flags
-  // are uniform over the workgroup, so is the branch).
+Value CrossEntropyLowering::outputsWanted(Value entropyOut, Value argmaxOut) {
   Value wanted = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
   if (entropyOut)
     wanted = arith::OrIOp::create(b, wanted, inForce(kFlagEntropy));
   if (argmaxOut)
     wanted = arith::OrIOp::create(b, wanted, inForce(kFlagArgmax));
-  buildIf(b, wanted, [&] {
-    RowOutputs outputs =
-        rows.buildOutputsSweep(rowOf(logits, t), vocab, rowMax, logSum);
+  return wanted;
+}
+
+RowStats CrossEntropyLowering::statisticsOf(const Token &t, bool withSum,
+                                            bool shiftedSum, Value entropyOut,
+                                            Value argmaxOut) {
+  RowRef row = rowOf(logits, t);
+  if (!entropyOut && !argmaxOut)
+    return rows.buildStatistics(row, vocab, withSum, shiftedSum);
+  // The flags are uniform over the workgroup, so is the branch.
+  auto valuesOf = [&](const RowStats &s) {
+    SmallVector<Value> values = {s.max, s.rest};
+    if (withSum)
+      values.append({s.sum, s.meanShift});
+    values.append({s.entropySum, s.bestIndex, s.resweep});
+    return values;
+  };
+  SmallVector<Type> types(withSum ? 4 : 2, b.getF32Type());
+  types.append({b.getF32Type(), b.getI32Type(), b.getI1Type()});
+  SmallVector<Value> values = buildIfYield(
+      b, outputsWanted(entropyOut, argmaxOut), types,
+      [&] {
+        return valuesOf(rows.buildStatistics(row, vocab, withSum, shiftedSum,
+                                             /*withOutputs=*/true));
+      },
+      [&] {
+        RowStats plain = rows.buildStatistics(row, vocab, withSum, shiftedSum);
+        plain.entropySum = rows.f32(0.0f);
+        plain.bestIndex =
+            arith::ConstantOp::create(b, b.getI32IntegerAttr(detail::kNoIndex));
+        plain.resweep = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
+        return valuesOf(plain);
+      });
+  RowStats stats{values[0], values[1]};
+  size_t next = 2;
+  if (withSum) {
+    stats.sum = values[2];
+    stats.meanShift = values[3];
+    next = 4;
+  }
+  stats.entropySum = values[next];
+  stats.bestIndex = values[next + 1];
+  stats.resweep = values[next + 2];
+  return stats;
+}
+
+void CrossEntropyLowering::buildOutputs(const Token &t, const RowStats &stats,
+                                        Value entropyOut, Value argmaxOut,
+                                        Value indexOffset) {
+  if (!entropyOut && !argmaxOut)
+    return;
+  buildIf(b, outputsWanted(entropyOut, argmaxOut), [&] {
+    RowOutputs outputs = rows.buildOutputs(rowOf(logits, t), vocab, stats);
     leaderOnly([&] {
       if (entropyOut)
         buildIf(b, inForce(kFlagEntropy), [&] {

@@ -189,11 +189,22 @@ public:
                                Value lseLowOut = {}, Value entropyOut = {},
                                Value argmaxOut = {});
 
-  /// The entropy and argmax of the row (either output may be null), from
-  /// one more sweep that runs only where one of them is in force; a found
-  /// argmax plus `indexOffset` (i64, a slice's start) when given.
-  void buildOutputs(const Token &t, Value rowMax, Value logSum,
-                    Value entropyOut, Value argmaxOut, Value indexOffset = {});
+  /// The row's statistics (RowLoopBuilder::buildStatistics); with an
+  /// `entropyOut` or `argmaxOut`, two sweeps in one branch on the flags:
+  /// with the outputs' sums where one is in force, else without (so the
+  /// plain call pays nothing for them).
+  RowStats statisticsOf(const Token &t, bool withSum, bool shiftedSum,
+                        Value entropyOut, Value argmaxOut);
+
+  /// Where one of the outputs is in force (flags), stores the entropy and
+  /// argmax of the row (either output may be null) from `stats`
+  /// (statisticsOf); a found argmax plus `indexOffset` (i64, a slice's
+  /// start) when given.
+  void buildOutputs(const Token &t, const RowStats &stats, Value entropyOut,
+                    Value argmaxOut, Value indexOffset = {});
+
+  /// i1: whether the entropy or argmax output is in force.
+  Value outputsWanted(Value entropyOut, Value argmaxOut);
 
   /// i1: whether run-time flag `flag` is in force (always without flags).
   Value inForce(int64_t flag);
