@@ -187,7 +187,8 @@ public:
   RowOutputs buildOutputsSweep(const RowRef &row, Value vocab, Value rowMax,
                                Value logSum);
   /// The outputs of statistics built `withOutputs`: from their sums where
-  /// the main sweep's values hold, else from buildOutputsSweep.
+  /// the main sweep's values hold, else (and for statistics built without)
+  /// from buildOutputsSweep.
   RowOutputs buildOutputs(const RowRef &row, Value vocab,
                           const RowStats &stats);
 

@@ -236,6 +236,8 @@ Value RowLoopBuilder::stepBestIndex(Value best, Value oldMax, Value stepMax,
 
 RowOutputs RowLoopBuilder::buildOutputs(const RowRef &row, Value vocab,
                                         const RowStats &stats) {
+  if (!stats.entropySum)
+    return buildOutputsSweep(row, vocab, stats.max, buildLog1p(stats.rest));
   SmallVector<Value> values = buildIfYield(
       b, stats.resweep, TypeRange{b.getF32Type(), b.getI64Type()},
       [&] {

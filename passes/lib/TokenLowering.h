@@ -184,17 +184,21 @@ public:
   /// Statistics sweep, loss, and the loss and lse stores of one token; with
   /// `lseLowOut`, also lse's low part (where flag bit 3 is set, or always
   /// without flags); with `entropyOut` / `argmaxOut` the outputs
-  /// (buildOutputs).
+  /// (buildOutputs), accumulated in the statistics sweep when
+  /// `accumulateOutputs` (statisticsOf), else by a sweep of their own.
   TokenForward buildLossAndLse(const Token &t, Value lossOut, Value lseOut,
                                Value lseLowOut = {}, Value entropyOut = {},
-                               Value argmaxOut = {});
+                               Value argmaxOut = {},
+                               bool accumulateOutputs = true);
 
   /// The row's statistics (RowLoopBuilder::buildStatistics); with an
-  /// `entropyOut` or `argmaxOut`, two sweeps in one branch on the flags:
-  /// with the outputs' sums where one is in force, else without (so the
-  /// plain call pays nothing for them).
+  /// `entropyOut` or `argmaxOut` and `accumulateOutputs`, two sweeps in one
+  /// branch on the flags: with the outputs' sums where one is in force,
+  /// else without (so the plain call pays nothing for them). Without
+  /// `accumulateOutputs` the outputs take their own sweep (buildOutputs).
   RowStats statisticsOf(const Token &t, bool withSum, bool shiftedSum,
-                        Value entropyOut, Value argmaxOut);
+                        Value entropyOut, Value argmaxOut,
+                        bool accumulateOutputs = true);
 
   /// Where one of the outputs is in force (flags), stores the entropy and
   /// argmax of the row (either output may be null) from `stats`
