@@ -602,6 +602,7 @@ def linear_cross_entropy(
     reduce_grad_hidden: bool = True,
     reduction: str = "none",
     logit_scale: float = 1.0,
+    logit_softcap: Optional[float] = None,
 ) -> torch.Tensor:
     """Per-token cross entropy (fp32) of the logits ``hidden @ weight.T + bias``, computed a
     chunk of tokens at a time so that the ``[N, V]`` logits never exist in full.
@@ -668,6 +669,9 @@ def linear_cross_entropy(
             softmax, as in :func:`cegen.cross_entropy` (finite, > 0; flash-attention's and
             output multipliers' scale, applied in the kernels, not as another GEMM
             epilogue); the gradients are of the unscaled logits' GEMMs.
+        logit_softcap: every logit is ``z = cap * tanh(logit_scale * x / cap)`` (Gemma's
+            final softcap, applied in the kernels), as in :func:`cegen.cross_entropy`
+            (None: no cap); the kernels' chunk gradients go through ``dz/dx``.
 
     Returns:
         The per-token loss, float32, in the labels' shape (a 0-d tensor with a
@@ -693,7 +697,8 @@ def linear_cross_entropy(
     chunk_tokens = _validate.integer("chunk_tokens", chunk_tokens, 1, allow_none=True)
     options = KernelOptions(ignore_index, label_smoothing, z_loss, "bs",
                             _validate.bundle(bundle), label_out_of_range=label_out_of_range,
-                            logit_scale=logit_scale)
+                            logit_scale=logit_scale,
+                            logit_softcap=_validate.logit_softcap(logit_softcap))
     tp, shard = _vocab_parallel(tp_group, vocab_start, vocab_size, global_smoothing,
                                 reduce_grad_hidden, weight.shape[0])
     if shard is not None:

@@ -43,14 +43,6 @@ GradWeights = Union[None, float, int, torch.Tensor]
 BundleArg = Union[None, str, "os.PathLike[str]", Bundle]
 
 
-def _softcap_arg(logit_softcap: Any) -> Any:
-    """The API's ``logit_softcap`` as the kernels' value: ``None`` is 0.0 (none); any other
-    value must be a finite cap > 0 (an explicit 0 is refused, not taken as none)."""
-    if logit_softcap is None:
-        return 0.0
-    return _validate.logit_softcap(logit_softcap)
-
-
 def _op_args(options: KernelOptions) -> Tuple[Any, ...]:
     """The options as the custom ops' trailing arguments, in their schema's order."""
     return (options.ignore_index, options.label_smoothing, options.z_loss,
@@ -322,7 +314,7 @@ def _eager_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, python_refs
     options = kernel_options(ignore_index, label_smoothing, z_loss, label_layout,
                              bundle if bundle is None or type(bundle) is str
                              else _validate.bundle(bundle), label_out_of_range, logit_scale,
-                             _softcap_arg(logit_softcap))
+                             _validate.logit_softcap(logit_softcap))
     if type(overwrite_input) is not bool:
         overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     if grad_weights is not None:
@@ -388,7 +380,7 @@ def _traced_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     if bundle is not None and not isinstance(bundle, str):
         bundle = _validate.bundle(bundle)
     op_args = (ignore_index, float(label_smoothing), float(z_loss), label_layout, bundle,
-               label_out_of_range, float(logit_scale), float(_softcap_arg(logit_softcap)))
+               label_out_of_range, float(logit_scale), float(_validate.logit_softcap(logit_softcap)))
     if any(returns):
         needs_grad = torch.is_grad_enabled() and logits.requires_grad
         weights = None

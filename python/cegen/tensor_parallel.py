@@ -101,7 +101,8 @@ def combine_shard_stats(gathered: torch.Tensor, labels: torch.Tensor, *,
             ``log1p(rest) = lse - M`` before smoothing and z-loss.
         logit_scale: the ``s`` the statistics were computed with (``z = s x``): their
             ``rest`` is of z, their max, target and sum of x (the kernel's, unscaled); the
-            loss and lse are of z.
+            loss and lse are of z. Statistics of a softcap kernel (``logit_softcap``) are
+            all of ``z = cap tanh(s x / cap)`` already: combine them with 1.0.
 
     The merge keeps the single-device kernel's exact implicit one: with ``M = max_r m_r``,
     ``e_r = exp(m_r - M)`` and ``r*`` the rank holding ``M``,
@@ -303,7 +304,8 @@ def reduce_and_combine(gathered: torch.Tensor, labels: torch.Tensor, group: Any,
         vocab_local=vocab_local, vocab=shard.vocab,
         global_smoothing=shard.global_smoothing, rank=rank,
         label_out_of_range=options.label_out_of_range, with_low=True,
-        logit_scale=options.logit_scale,
+        # A softcap kernel's statistics are of z itself (the scale is inside z).
+        logit_scale=options.logit_scale if options.logit_softcap == 0.0 else 1.0,
         with_outputs=gathered.shape[-1] > len(STATS_FIELDS),
     )
 
@@ -369,6 +371,7 @@ def vocab_parallel_cross_entropy_vouched(
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
+    logit_softcap: Optional[float] = None,
     return_lse: bool = False,
     return_entropy: bool = False,
     return_argmax: bool = False,
@@ -377,7 +380,8 @@ def vocab_parallel_cross_entropy_vouched(
     references themselves (see :func:`cegen.ops.cross_entropy_vouched`)."""
     options = KernelOptions(ignore_index=ignore_index, label_smoothing=label_smoothing,
                             z_loss=z_loss, label_layout=label_layout,
-                            label_out_of_range=label_out_of_range, logit_scale=logit_scale)
+                            label_out_of_range=label_out_of_range, logit_scale=logit_scale,
+                            logit_softcap=_validate.logit_softcap(logit_softcap))
     overwrite_input = _validate.flag("overwrite_input", overwrite_input)
     global_smoothing = _validate.flag("global_smoothing", global_smoothing)
     returns = (_validate.flag("return_lse", return_lse),
@@ -429,6 +433,7 @@ def vocab_parallel_cross_entropy(
     overwrite_input: bool = False,
     label_out_of_range: str = "error",
     logit_scale: float = 1.0,
+    logit_softcap: Optional[float] = None,
     return_lse: bool = False,
     return_entropy: bool = False,
     return_argmax: bool = False,
@@ -464,6 +469,9 @@ def vocab_parallel_cross_entropy(
             ``g (p (1 + 2 z lse) - s/V_s)``, on every rank alike.
         logit_scale: every logit ``x`` is taken as ``z = logit_scale * x`` before the
             softmax, as in :func:`cegen.cross_entropy` (finite, > 0).
+        logit_softcap: every logit is ``z = cap * tanh(logit_scale * x / cap)``, as in
+            :func:`cegen.cross_entropy` (None: no cap); each slice's statistics are of z,
+            the gradient slice goes through ``dz/dx``.
         return_lse, return_entropy, return_argmax: as in :func:`cegen.cross_entropy`,
             over the whole vocabulary: the argmax is a global id (each slice's entropy
             and best id travel in the same all-reduce, two more floats per token and
@@ -483,6 +491,6 @@ def vocab_parallel_cross_entropy(
         ignore_index=ignore_index, label_smoothing=label_smoothing, z_loss=z_loss,
         global_smoothing=global_smoothing, label_layout=label_layout,
         overwrite_input=overwrite_input, label_out_of_range=label_out_of_range,
-        logit_scale=logit_scale, return_lse=return_lse, return_entropy=return_entropy,
-        return_argmax=return_argmax,
+        logit_scale=logit_scale, logit_softcap=logit_softcap, return_lse=return_lse,
+        return_entropy=return_entropy, return_argmax=return_argmax,
     )

@@ -97,6 +97,7 @@ def run_outputs(spec: Dict[str, Any], rank: int, world: int) -> Dict[str, Any]:
         with _kernels.poison_outputs():
             result = cegen.vocab_parallel_cross_entropy(
                 logits, spec["labels"], logit_scale=spec["logit_scale"],
+                logit_softcap=spec.get("logit_softcap"),
                 label_out_of_range="megatron", return_lse=True, return_entropy=True,
                 return_argmax=True)
             result.loss.sum().backward()
@@ -334,8 +335,9 @@ def main() -> None:
     if args.world == 2 and "megatron_output_layer" in inputs:
         results["megatron_output_layer"] = run_megatron_output_layer(
             inputs["megatron_output_layer"], args.rank, args.world)
-    if "outputs" in inputs:
-        results["outputs"] = run_outputs(inputs["outputs"], args.rank, args.world)
+    for name in ("outputs", "outputs_softcap"):
+        if name in inputs:
+            results[name] = run_outputs(inputs[name], args.rank, args.world)
     if "linear" in inputs:  # test_linear_cross_entropy.py's vocab-parallel weights
         from _linear_parallel_cases import run_cases
 

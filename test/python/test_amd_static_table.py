@@ -128,16 +128,29 @@ class CegenForward(unittest.TestCase):
             kernels = T.cegen_kernels(Path(tmp), "gfx942")
         self.assertEqual([k.role for k in kernels], ["fwd"])
         k = kernels[0]
-        # The statistics sweep, then the outputs' sweep (entropy and argmax, issue 17), which
-        # runs only with flag bit 4 or 5.
-        self.assertEqual(len(k.mains), 2)
+        # Three main loops (issue 17): the plain statistics sweep; the one that also
+        # accumulates the entropy and argmax (taken with flag bit 4 or 5; its argmax branch,
+        # v_min_i32, inside the loop); and the outputs' own sweep, one vector per step, for
+        # the rows swept again exactly.
+        self.assertEqual(len(k.mains), 3)
         self.assertFalse(k.whole)
-        loop = k.mains[0]
-        self.assertTrue(any(i.mnem.startswith(("v_min_i32", "v_min3_i32")) for i in k.mains[1].insns))
+
+        def has_min(loop):
+            return any(i.mnem.startswith(("v_min_i32", "v_min3_i32")) for i in loop.insns)
+
+        wide = [m for m in k.mains if m.loads == {"global_load_dwordx4": 4}]
+        self.assertEqual(len(wide), 2)
+        plain = [m for m in wide if not has_min(m)]
+        accumulating = [m for m in wide if has_min(m)]
+        self.assertEqual((len(plain), len(accumulating)), (1, 1))
+        own = [m for m in k.mains if m not in wide]
+        self.assertEqual(own[0].loads, {"global_load_dwordx4": 1})
+        self.assertTrue(has_min(own[0]))
+        loop = plain[0]
         # gfx942's forward tuning (issue 19 item 4): 256 threads x unroll 4, four 16-byte loads
-        self.assertEqual(loop.loads, {"global_load_dwordx4": 4})
         self.assertEqual(T.per_lane(k, loop), 32)
         self.assertTrue(any(i.mnem.startswith("v_exp_f32") for i in loop.insns))
+        self.assertEqual(T.per_lane(k, accumulating[0]), 32)
         self.assertEqual(k.scratch, 0)
 
 

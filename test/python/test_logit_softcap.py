@@ -10,8 +10,11 @@ references of ``_reference_outputs`` (loss, lse and gradient of z, the gradient 
 * :class:`TestValidation`: a cap that is not None or finite and > 0 is refused; the default
   (None) is the kernel without a softcap, bit for bit.
 
-Not here (not built yet): ``logit_softcap`` on vocab_parallel_cross_entropy,
-linear_cross_entropy and combine_shard_stats.
+* :class:`TestVocabParallelAndLinear`: ``logit_softcap`` on
+  :func:`cegen.vocab_parallel_cross_entropy` (a group of one here, with the lse, entropy and
+  argmax; groups of 2 and 4 in test_tensor_parallel's outputs case) and on
+  :func:`cegen.linear_cross_entropy` (chunks of 16 tokens, with and without
+  ``grad_weights``) against float64 of the same z.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import _support as S
 import cegen
 from cegen import _kernels
 from cegen.ops import _traced_cross_entropy
-from _reference_outputs import reference_outputs
+from _reference_outputs import argmax_acceptable, reference_outputs
 
 
 def _f32(value: float) -> float:
@@ -149,6 +152,68 @@ class TestCrossEntropy(unittest.TestCase):
                 loss, _, _ = _kernels.forward(logits, labels, options, low=True)
                 self.assertTrue(math.isnan(loss[3].item()))
                 self.assertTrue(torch.isfinite(loss[:3]).all())
+
+
+@S.requires_kernels
+class TestVocabParallelAndLinear(unittest.TestCase):
+    def test_vocab_parallel_group_of_one(self) -> None:
+        logits = S.random_logits((6, 4, 130), torch.bfloat16, scale=12.0,
+                                 offset=120).requires_grad_(True)
+        labels = S.random_labels((4, 6), 130, offset=121)
+        for scale, cap in CASES:
+            with self.subTest(scale=scale, cap=cap):
+                logits.grad = None
+                with _kernels.poison_outputs():
+                    result = cegen.vocab_parallel_cross_entropy(
+                        logits, labels, logit_scale=scale, logit_softcap=cap,
+                        return_lse=True, return_entropy=True, return_argmax=True)
+                result.loss.sum().backward()
+                ref = reference_outputs(logits, labels, logit_scale=scale, logit_softcap=cap)
+                loss_tolerance, grad_tolerance = _tolerances(torch.bfloat16, scale, cap)
+                S.assert_close(self, result.loss, ref.loss, *loss_tolerance, "loss")
+                S.assert_close(self, result.lse, ref.lse, 1e-6, 1e-6 + cap * 2.0 ** -21, "lse")
+                S.assert_close(self, result.entropy, ref.entropy, 2e-5, 2e-5 + cap * 2.0 ** -19,
+                               "entropy")
+                self.assertTrue(bool(argmax_acceptable(
+                    logits, result.argmax, atol=cap * 2.0 ** -20, logit_scale=scale,
+                    logit_softcap=cap).all()), f"argmax {result.argmax.tolist()}")
+                S.assert_close(self, logits.grad, ref.grad, *grad_tolerance, "gradient")
+
+    def test_linear_against_float64_gemms(self) -> None:
+        hidden64 = torch.randn((40, 24), generator=S.generator(130), dtype=torch.float64)
+        weight64 = torch.randn((301, 24), generator=S.generator(131), dtype=torch.float64)
+        labels = S.random_labels((40,), 301, offset=132)
+        for scale, cap in CASES:
+            for grad_weights in (None, 1.0):
+                with self.subTest(scale=scale, cap=cap, grad_weights=grad_weights):
+                    hidden = hidden64.float().requires_grad_(True)
+                    weight = weight64.float().requires_grad_(True)
+                    loss = cegen.linear_cross_entropy(
+                        hidden, weight, labels, logit_scale=scale, logit_softcap=cap,
+                        chunk_tokens=16, grad_weights=grad_weights)
+                    loss.backward(torch.ones_like(loss))
+                    logits = hidden.detach().double() @ weight.detach().double().t()
+                    ref = reference_outputs(logits, labels, logit_scale=scale,
+                                            logit_softcap=cap)
+                    S.assert_close(self, loss, ref.loss, 1e-5, 1e-5 + cap * 2.0 ** -21, "loss")
+                    # A logit's gradient to s 2^-19 (the f32 1 - t^2), summed over the
+                    # 40 tokens or 301 ids of the GEMMs with |h|, |w| of about 1.
+                    atol = 1e-5 * max(1.0, scale) + 40 * scale * 2.0 ** -19
+                    grad_hidden = ref.grad @ weight.detach().double()
+                    grad_weight = ref.grad.t() @ hidden.detach().double()
+                    S.assert_close(self, hidden.grad, grad_hidden, 1e-4, atol, "d hidden")
+                    S.assert_close(self, weight.grad, grad_weight, 1e-4, atol, "d weight")
+
+    def test_refused_caps(self) -> None:
+        logits = S.random_logits((3, 17), torch.float32, offset=133)
+        labels = S.random_labels((3,), 17, offset=134)
+        hidden, weight = torch.randn((3, 5)), torch.randn((17, 5))
+        for bad in (0.0, -1.0, math.inf, math.nan):
+            with self.subTest(value=bad):
+                with self.assertRaisesRegex(cegen.InvalidInputError, "logit_softcap"):
+                    cegen.vocab_parallel_cross_entropy(logits, labels, logit_softcap=bad)
+                with self.assertRaisesRegex(cegen.InvalidInputError, "logit_softcap"):
+                    cegen.linear_cross_entropy(hidden, weight, labels, logit_softcap=bad)
 
 
 class TestValidation(unittest.TestCase):
