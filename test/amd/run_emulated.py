@@ -85,6 +85,11 @@ BUNDLE_SETS = {
         # backward runs on the backward kernels above that have no z-loss and no overwrite).
         "shard": ["--op=shard_stats", "--logits=bf16,f16,f32", "--labels=i32,i64",
                   "--layout=flat,sbv_bs,sbv_sb", "--label-smoothing=off,on"],
+        # The logit softcap (issue 17): the GPUs' approximate division in the tanh
+        # (v_rcp_f32), each case with a cap drawn in [1, 64] (test_h200.draw_values).
+        "softcap": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i64",
+                    "--layout=sbv_bs", "--label-smoothing=off,on", "--z-loss=off,on",
+                    "--overwrite=0,1", "--weights=token", "--softcap=on"],
     },
     "smoke": {
         "smoke": ["--op=forward,backward,fused", "--logits=bf16,f32", "--labels=i32",
@@ -93,6 +98,9 @@ BUNDLE_SETS = {
         "rescale": ["--op=rescale", "--logits=bf16,f32", "--layout=sbv_bs"],
         "shard": ["--op=shard_stats", "--logits=bf16", "--labels=i32", "--layout=sbv_bs",
                   "--label-smoothing=on"],
+        "softcap": ["--op=forward,backward,fused", "--logits=bf16", "--labels=i32",
+                    "--layout=sbv_bs", "--label-smoothing=on", "--z-loss=on", "--overwrite=0",
+                    "--weights=token", "--softcap=on"],
     },
 }
 
@@ -202,7 +210,7 @@ class Instrumented:
                 # f32 subnormal and that the emulator returned as 0 are counted apart (the
                 # hardware keeps the subnormal, the emulator flushes it), then compared as
                 # the kernel's 0.
-                z = p.x * p.key.logit_scale  # the logits the kernel sees (issue 17)
+                z = p.key.transform(p.x)  # the logits the kernel sees (issue 17)
                 lse = self.h200.reference_stats(z).lse
                 prob = torch.exp(z - lse[:, None])
                 tiny = ((prob < F32_MIN_NORMAL) & (prob > 0)) | (ref.abs() < F32_MIN_NORMAL)

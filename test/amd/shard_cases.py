@@ -57,9 +57,11 @@ def parse_key(text: str) -> dict:
 
 def wanted_backward(text: str) -> bool:
     """Backward kernels the sharded cases run on (no z-loss: a shard's caller has none in the
-    kernel; no overwrite: the slice's gradient is written apart)."""
+    kernel; no overwrite: the slice's gradient is written apart; no softcap: the cases have
+    no cap)."""
     key = parse_key(text)
-    return key.get("op") == "backward" and key.get("z_loss") == "off" and key.get("overwrite") == "0"
+    return (key.get("op") == "backward" and key.get("z_loss") == "off"
+            and key.get("overwrite") == "0" and "softcap" not in key)
 
 
 def run_kernel(harness, report, text: str, cases: List[ShardCase], seed: int, mix: Callable,

@@ -109,12 +109,16 @@ class Key:
     overwrite: bool
     weights: str
     text: str
+    #: A softcap kernel (key field ``softcap=on``, issue 17).
+    softcap_on: bool = False
     # The run-time values of one case.
     ignore_index: Optional[int] = None
     label_smoothing: float = 0.0
     z_loss: float = 0.0
     #: z = logit_scale * x (issue 17), f32 as the kernel receives it.
     logit_scale: float = 1.0
+    #: z = cap tanh(logit_scale x / cap) on a softcap kernel (0: none), f32.
+    logit_softcap: float = 0.0
 
     @staticmethod
     def parse(text: str) -> "Key":
@@ -126,6 +130,9 @@ class Key:
         names = ["op", "logits", "labels", "layout", "label_smoothing", "z_loss", "overwrite",
                  "weights"]
         items = [item.split("=", 1) for item in text.split(",")]
+        softcap = items[-1] == ["softcap", "on"]  # the optional last field (issue 17)
+        if softcap:
+            items = items[:-1]
         got = [item[0] for item in items]
         if got != names or any(len(item) != 2 for item in items):
             raise ValueError(f"not a version 3 variant key: {text!r}")
@@ -136,23 +143,46 @@ class Key:
                 raise ValueError(f"variant key {text!r}: {name}={fields.get(name)!r}")
         return Key(fields["op"], fields["logits"], fields["labels"], fields["layout"],
                    fields["label_smoothing"] == "on", fields["z_loss"] == "on",
-                   fields["overwrite"] == "1", fields["weights"], text)
+                   fields["overwrite"] == "1", fields["weights"], text, softcap)
 
     def with_values(self, ignore_index: Optional[int], label_smoothing: float = 0.0,
-                    z_loss: float = 0.0, logit_scale: float = 1.0) -> "Key":
+                    z_loss: float = 0.0, logit_scale: float = 1.0,
+                    logit_softcap: float = 0.0) -> "Key":
         """This kernel with a case's option values (f32, as the kernel receives them)."""
         if label_smoothing and not self.smoothing_on or z_loss and not self.z_loss_on:
             raise ValueError(f"{self.text} does not compute smoothing {label_smoothing} or "
                              f"z-loss {z_loss}")
+        if bool(logit_softcap) != self.softcap_on:
+            raise ValueError(f"{self.text} with logit_softcap {logit_softcap}")
         return dataclasses.replace(self, ignore_index=ignore_index,
                                    label_smoothing=to_f32(label_smoothing), z_loss=to_f32(z_loss),
-                                   logit_scale=to_f32(logit_scale))
+                                   logit_scale=to_f32(logit_scale),
+                                   logit_softcap=to_f32(logit_softcap))
+
+    def transform(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits z the kernel's statistics are of, in float64: ``s x``, or with a
+        softcap ``cap tanh(s x / cap)`` (+-inf give +-cap, NaN stays)."""
+        if not self.softcap_on:
+            return x * self.logit_scale
+        return self.logit_softcap * torch.tanh(x * (self.logit_scale / self.logit_softcap))
+
+    def slope(self, x: torch.Tensor) -> torch.Tensor:
+        """dz/dx of a softcap kernel: ``s (1 - tanh^2(s x / cap))``."""
+        t = torch.tanh(x * (self.logit_scale / self.logit_softcap))
+        return self.logit_scale * (1.0 - t * t)
+
+    def z_atol(self) -> float:
+        """How far an f32 z of a softcap kernel may be from float64's: 16 ulps of the cap
+        (tanh to 5.2 ulps with an exact division, 7.2 with the GPUs' approximate one, and
+        the roundings of s x / cap and of cap t; docs/lowering.md); 0 without."""
+        return self.logit_softcap * 2.0 ** -20 if self.softcap_on else 0.0
 
     def values_text(self) -> str:
         """The case's option values, as failure messages print them (NumericsTest's)."""
         ignore = "none" if self.ignore_index is None else str(self.ignore_index)
         return (f"ignore_index={ignore} label_smoothing={'%.9g' % self.label_smoothing} "
-                f"z_loss={'%.9g' % self.z_loss} logit_scale={'%.9g' % self.logit_scale}")
+                f"z_loss={'%.9g' % self.z_loss} logit_scale={'%.9g' % self.logit_scale}"
+                + (f" logit_softcap={'%.9g' % self.logit_softcap}" if self.softcap_on else ""))
 
     def forward_key(self) -> str:
         """The forward variant whose lse a backward of this key consumes."""
@@ -197,7 +227,9 @@ def draw_values(key: Key, case: "Case", bad_label_case: bool, seed: int) -> Key:
     logit_scale = 1.0
     if rng.random() >= 0.5:
         logit_scale = 0.05 * 400.0 ** rng.random()
-    return key.with_values(ignore_index, smoothing, z_loss, logit_scale)
+    # A softcap kernel's cap: log-uniform in [1, 64] (NumericsTest's).
+    cap = 64.0 ** rng.random() if key.softcap_on else 0.0
+    return key.with_values(ignore_index, smoothing, z_loss, logit_scale, cap)
 
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32,
@@ -610,6 +642,7 @@ class Harness:
         options.label_smoothing = key.label_smoothing
         options.z_loss = key.z_loss
         options.logit_scale = key.logit_scale
+        options.logit_softcap = key.logit_softcap
         options.overwrite_input = 1 if overwrite else 0
         options.label_layout = 1 if key.layout == "sbv_sb" else 0
         return options
@@ -655,7 +688,9 @@ def check_token_values(report: Report, p: Problem, what: str, kernel: torch.Tens
     # The output is f32: a reference past its range rounds to infinity.
     ref = torch.where(ref.abs() > torch.finfo(torch.float32).max,
                       ref.to(torch.float32).to(torch.float64), ref)
-    tolerance = 1e-5 * ref.abs().clamp(min=1.0)
+    # A softcap kernel's f32 z (Key.z_atol) moves the loss and lse by as much; the
+    # smoothing mean and lse of the loss by as much again.
+    tolerance = 1e-5 * ref.abs().clamp(min=1.0) + 2.0 * p.key.z_atol()
     finite = torch.isfinite(ref)
     ok = torch.where(finite, (k - ref).abs() <= tolerance,
                      torch.where(torch.isnan(ref), torch.isnan(k), k == ref))
@@ -682,8 +717,11 @@ def check_outputs(report: Report, p: Problem, z: torch.Tensor, stats: Stats,
     terms = torch.where(q > 0, q * (torch.log(total) - shifted), torch.zeros_like(z))
     ref_h = torch.where(finite, terms.sum(dim=1), torch.full_like(lse, math.nan))
     k = entropy.to(torch.float64).cpu()
+    # |dH| <= max_j |dz_j| sum_j p_j |z_j - mean z| <= z_atol 2 cap (a softcap kernel's).
+    z_atol = p.key.z_atol()
     ok = torch.where(torch.isnan(ref_h), torch.isnan(k),
-                     (k - ref_h).abs() <= 2e-5 * ref_h.abs().clamp(min=1.0))
+                     (k - ref_h).abs() <= 2e-5 * ref_h.abs().clamp(min=1.0)
+                     + 2.0 * p.key.logit_softcap * z_atol)
     bad = (~ok).nonzero().flatten().tolist()
     if bad and os.environ.get("DEBUG_OUTPUTS"):
         t = bad[0]
@@ -697,7 +735,17 @@ def check_outputs(report: Report, p: Problem, z: torch.Tensor, stats: Stats,
     first = torch.where(z == top, index, torch.full_like(index, z.shape[1])).min(dim=1).values
     ref_a = torch.where(torch.isnan(z).any(dim=1), torch.full_like(first, -1), first)
     a = argmax.to(torch.int64).cpu()
-    bad = (a != ref_a).nonzero().flatten().tolist()
+    ok = a == ref_a
+    if z_atol:
+        # The f32 z of a softcap kernel ties where float64's differ by less than z_atol
+        # (a cap saturates in f32 from s x / cap = 9, in float64 from 19): any index within
+        # z_atol of the top that no lower index equals exactly in float64 is right.
+        v = z.shape[1]
+        chosen = z.gather(1, a.clamp(0, v - 1)[:, None])[:, 0]
+        lower_tie = ((index < a[:, None]) & (z == chosen[:, None])).any(dim=1)
+        near = (a >= 0) & (a < v) & (chosen >= top[:, 0] - z_atol) & ~lower_tie
+        ok = torch.where(ref_a < 0, a == -1, near)
+    bad = (~ok).nonzero().flatten().tolist()
     report.check(not bad, p.key.text, case, lambda: (
         f"argmax of {len(bad)} tokens off; first {p.where(bad[0])}: kernel "
         f"{int(a[bad[0]])}, reference {int(ref_a[bad[0]])}"))
@@ -709,7 +757,7 @@ def check_lse_low(report: Report, p: Problem, lse: torch.Tensor, low: torch.Tens
     row maximum (NumericsTest's checkLseLow)."""
     lse64, low64 = lse.to(torch.float64).cpu(), low.to(torch.float64).cpu()
     finite = torch.isfinite(stats.lse) & torch.isfinite(lse64)
-    tolerance = 1e-5 * (stats.lse - stats.max).clamp(min=1.0)
+    tolerance = 1e-5 * (stats.lse - stats.max).clamp(min=1.0) + p.key.z_atol()
     error = ((lse64 + low64) - stats.lse).abs()
     bad = (finite & ~(error <= tolerance)).nonzero().flatten().tolist()
     report.check(not bad, p.key.text, case, lambda: (
@@ -756,8 +804,9 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
     n, v = p.n, p.vocab
     name = f"{case.name} ({key.values_text()})"
     ldt = TORCH_DTYPES[key.logits]
-    # The references see z = s x in float64 (exact: a product of two f32s).
-    z = p.x * key.logit_scale
+    # The references see z = s x in float64 (exact: a product of two f32s), or a softcap
+    # kernel's z = cap tanh(s x / cap).
+    z = key.transform(p.x)
     stats = reference_stats(z)
 
     logits = Buffer(ldt, p.logits_shape(), p.logits_strides(), dev, poison=False)
@@ -922,11 +971,24 @@ def run_case(h: Harness, report: Report, key: Key, case: Case, gen: torch.Genera
         # the f32 low part holds s max's rounding and log(sum) together, to 2^-48 |lse|
         # (NumericsTest's extraExponentUlps); rows where that reaches 1/2 are not checked.
         extra = None
-        if key.op == "backward" and with_low and key.logit_scale != 1.0:
+        if (key.op == "backward" and with_low and key.logit_scale != 1.0
+                and not key.softcap_on):  # a softcap kernel's low part has no product
             extra = lse_used.abs() * 2.0 ** -24
-        ref, term = reference_grad(z, p.labels, lse_used, target, p.scale * key.logit_scale,
+        if key.softcap_on:
+            # Every exponent of an f32 z is off by up to 2 z_atol: in units of the
+            # exponent's 4 2^-24 allowance (reference_grad's magnitude).
+            extra = torch.full_like(lse_used, key.z_atol() * 2.0 ** 23)
+        # A softcap kernel's gradient of z, times dz/dx below; else of x = s times z's.
+        z_scale = 1.0 if key.softcap_on else key.logit_scale
+        ref, term = reference_grad(z, p.labels, lse_used, target, p.scale * z_scale,
                                    key, case.megatron_labels, exact=stats if exact else None,
                                    extra_ulps=extra)
+        if key.softcap_on:
+            slope = key.slope(p.x)
+            # The f32 1 - t^2 is off by up to about 2^-20 where |t| nears 1 (times s):
+            # |dL/dz| s 2^-19 in the tolerance's units (4 term 2^-24).
+            term = term * slope + ref.abs() * key.logit_scale * 8.0
+            ref = ref * slope
         # f32 p_j below 2^-126 flush to 0 (ex2.approx.ftz): |g s (1 + 2 z lse)| 2^-125; and
         # the gradient value itself, once below 2^-126, may be flushed by the FTZ multiplies
         # (bf16 has f32's exponent range): 2^-126 more.
@@ -970,7 +1032,7 @@ def run_bad_label(h: Harness, report: Report, key: Key, bad_token: int, bad_labe
             h.rt.forward(h.kernels[key.text], h.options(key, False), h.desc(logits, key.logits),
                          h.desc(labels, key.labels), h.desc(loss, "f32"), h.desc(lse, "f32"), stream)
         elif key.op == "backward":
-            stats = reference_stats(p.x * key.logit_scale)
+            stats = reference_stats(key.transform(p.x))
             lse.copy_(stats.lse.reshape(p.token_shape).to(torch.float32).to(dev))
             scale = torch.full(p.token_shape, 1.0, device=dev)
             h.rt.backward(h.kernels[key.text], h.options(key, key.overwrite),
