@@ -340,11 +340,13 @@ def run_chip(h200, emulator, instrumented, harness, chip: str, cases, seed: int,
 # -- the mutation check -----------------------------------------------------------------------
 
 
-def find_instruction(emulator, co, symbol: str, want, last: bool = False, executed=None):
+def find_instruction(emulator, co, symbol: str, want, last: bool = False, executed=None,
+                     start: int = -1):
     """(file offset, op name) of the first (or last) instruction of the function `symbol` for
     which `want(op name, its bytes)` holds, decoding from its entry to its end as the emulator
     runs it (tinygrad's decoder, with the launcher's gfx90a layer on gfx90a); with `executed`
-    (code addresses), only among the instructions at those addresses."""
+    (code addresses), only among the instructions at those addresses; only past file offset
+    `start`."""
     from emulator import decode_name
 
     address, size = co.symbols[symbol]
@@ -355,6 +357,8 @@ def find_instruction(emulator, co, symbol: str, want, last: bool = False, execut
         raw = co.image[offset:offset + length]
         if executed is not None and co.virtual_address(offset) not in executed:
             pass  # only instructions that ran (emulator.executed of an unmutated run)
+        elif offset <= start:
+            pass
         elif want(name, raw) if want.__code__.co_argcount == 2 else want(name, raw, previous):
             found = (offset, name)
             if not last:
@@ -393,27 +397,39 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
 
     mutations = []
 
-    def vop2(name: str, new_op: int, last: bool, after=None):
+    def vop2(name: str, new_op: int, last: bool, after=None, start: int = -1):
         """The first (last) VOP2 `name` (right after an instruction for which `after(op name,
-        bytes, this instruction's bytes)` holds, if given) with its opcode (bits 30:25)
-        replaced by `new_op`."""
+        bytes, this instruction's bytes)` holds, if given; past file offset `start`) with its
+        opcode (bits 30:25) replaced by `new_op`."""
         at, inst = find_instruction(
             emulator, co, symbol,
             lambda op, raw, previous: op == name and (after is None or after(*previous, raw)),
-            last)
+            last, start=start)
         word = struct.unpack_from("<I", image, at)[0]
         patch = struct.pack("<I", (word & ~(0x3F << 25)) | (new_op << 25))
         return ("instruction", at, patch, inst,
                 decode_name(emulator.emu, patch + co.image[at + 4:at + 16], co.chip)[0])
 
-    # One instruction: the kernel's last v_add_f32 (VOP2 op 1), lse = max + log(sum) in the
-    # epilogue, becomes v_sub_f32 (op 2).
-    mutations.append(vop2("V_ADD_F32_E32", 0x02, last=True))
-    # One constant: the literal ln(2) (high part, 0x3f317200) of the epilogue's log, which
-    # scales the exponent of the sum, becomes 0.75.
+    # The epilogue's log(sum) ends with the literal ln(2) (high part, 0x3f317200), the last
+    # in the kernel (the entropy and argmax code after the lse store has none).
     lit = struct.pack("<I", 0x3F317200)
     at, inst = find_instruction(emulator, co, symbol,
                                 lambda name, raw: len(raw) == 8 and raw[4:] == lit, last=True)
+    # One instruction: the first v_add_f32 (VOP2 op 1) after it, lse = max + log(sum),
+    # becomes v_sub_f32 (op 2). (Once the kernel's last v_add_f32; the outputs' code now
+    # follows the lse store.)
+    if co.chip != "gfx90a":
+        mutations.append(vop2("V_ADD_F32_E32", 0x02, last=False, start=at))
+    else:
+        # gfx90a forms lse as v_mad_f32 (s max + log(sum), unfused): its third source is
+        # negated (VOP3 NEG bit 2, bit 31 of the second dword), lse = s max - log(sum).
+        mad_at, mad = find_instruction(emulator, co, symbol,
+                                       lambda op, raw: op == "V_MAD_F32", start=at)
+        word = struct.unpack_from("<I", image, mad_at + 4)[0]
+        patch = struct.pack("<I", word ^ (1 << 31))
+        mutations.append(("instruction", mad_at + 4, patch, f"{mad} v, a, b, c",
+                          f"{mad} v, a, b, -c"))
+    # One constant: that ln(2), which scales the exponent of the sum, becomes 0.75.
     patch = struct.pack("<I", 0x3F400000)
     mutations.append(("constant", at + 4, patch, f"{inst} 0x3f317200", f"{inst} 0x3f400000"))
     # gfx90a's flushed code merges two lanes' (max, sum) states with v_mac_f32 (run by the
@@ -433,9 +449,11 @@ def mutation_check(h200, emulator, harness, chip: str, seed: int, results: Dict)
             mutations.append(vop2("V_MAC_F32_E32", 0x05, last=False, after=plus_one_feeds))
         except LookupError:
             log(f"mutation ({chip}): {symbol} has no v_mac_f32_e32 (denormals kept)")
-    # A control that the arithmetic tolerates: the first v_max_f32 (op 11) becomes v_min_f32
-    # (op 10); it only lowers the shift that the exponentials are taken against. (gfx950's
-    # forward kernels have no v_max_f32_e32.)
+    # Once a control that the arithmetic tolerated (it only lowered the shift the exponentials
+    # are taken against): the first v_max_f32 (op 11) becomes v_min_f32 (op 10). The first is
+    # now in the statistics sweep that accumulates the outputs, whose step maximum the argmax
+    # compares the elements with exactly: detected there. (gfx950's forward kernels have no
+    # v_max_f32_e32.)
     try:
         mutations.append(vop2("V_MAX_F32_E32", 0x0A, last=False))
     except LookupError:
