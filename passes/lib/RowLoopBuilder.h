@@ -40,6 +40,15 @@ struct RowStats {
   Value entropySum;
   Value bestIndex;
   Value resweep;
+
+  /// The fields a branch yields, in order: max, rest, then sum and
+  /// meanShift `withSum`, then entropySum, bestIndex and resweep
+  /// `withOutputs`; their types; and the statistics of such fields.
+  SmallVector<Value> fields(bool withSum, bool withOutputs) const;
+  static SmallVector<Type> fieldTypes(Builder &b, bool withSum,
+                                      bool withOutputs);
+  static RowStats fromFields(ArrayRef<Value> fields, bool withSum,
+                             bool withOutputs);
 };
 
 /// The per-token outputs of one row (buildOutputsSweep).
@@ -214,6 +223,12 @@ public:
 
   /// Scalar or splat f32 constant shaped like `like`.
   Value f32(float value, Type like = {});
+  /// The i32 argmax candidate of no element, INT32_MAX (RowStats).
+  Value noIndex();
+  /// The entropy sums' shift from maximum `from` to `to` >= `from`:
+  /// (from - to) fl(s log2 e), at least -2^20 (so that a state that saw
+  /// nothing, S = 0, moves to 0, not 0 * -inf).
+  Value entropyShift(Value from, Value to);
   Value index(int64_t value);
 
 private:
@@ -233,6 +248,9 @@ private:
   /// `best` (i32, of a state with maximum `max`) where `max` is the row's
   /// `rowMax`, else INT32_MAX.
   Value bestIndexAt(Value best, Value max, Value rowMax);
+  /// The i64 argmax of the row's lowest index `best` (i32): 0 where no
+  /// element equals the maximum (a row with no value above -inf: all tie).
+  Value argmaxOf(Value best);
   /// Merges two (max, rest) states elementwise (scalars or vectors).
   std::pair<Value, Value> combineStates(Value maxA, Value restA, Value maxB,
                                         Value restB);

@@ -24,6 +24,10 @@ Value RowLoopBuilder::f32(float value, Type like) {
   return arith::ConstantOp::create(b, b.getFloatAttr(f32Type, value));
 }
 
+Value RowLoopBuilder::noIndex() {
+  return arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex));
+}
+
 Value RowLoopBuilder::index(int64_t value) {
   return arith::ConstantIndexOp::create(b, value);
 }

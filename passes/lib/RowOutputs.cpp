@@ -31,6 +31,20 @@ using namespace mlir;
 using namespace mlir::ce;
 using namespace mlir::ce::detail;
 
+/// The i32 vectors (0, 1, .., W - 1) and (INT32_MAX, ..): a vector's lane
+/// indices and its argmax candidates of no element.
+static std::pair<Value, Value> laneIndices(ImplicitLocOpBuilder &b,
+                                           VectorType indexType) {
+  SmallVector<int32_t> lanes(indexType.getNumElements());
+  for (auto [k, lane] : llvm::enumerate(lanes))
+    lane = static_cast<int32_t>(k);
+  Value iota = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
+  Value none = arith::ConstantOp::create(
+      b, indexType, DenseElementsAttr::get(indexType, kNoIndex));
+  return {iota, none};
+}
+
 RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
                                              Value rowMax, Value logSum) {
   // One vector per thread and step: the sweep's registers (loads, the Kahan
@@ -90,13 +104,7 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
   auto toI32 = [&](Value offset) -> Value {
     return arith::IndexCastOp::create(b, i32, offset);
   };
-  SmallVector<int32_t> lanes(vectorWidth);
-  for (unsigned k = 0; k < vectorWidth; ++k)
-    lanes[k] = static_cast<int32_t>(k);
-  Value iota = arith::ConstantOp::create(
-      b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
-  Value noneVector = arith::ConstantOp::create(
-      b, indexType, DenseElementsAttr::get(indexType, kNoIndex));
+  auto [iota, noneVector] = laneIndices(b, indexType);
   // The terms are summed with Kahan's compensation (sum, lost): a lane adds
   // V / (threads x width) terms one after another, whose plain f32 sum drifts
   // by ~1e-5 relative at V = 32000 on one thread.
@@ -161,24 +169,29 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
       f32(std::numeric_limits<float>::quiet_NaN()));
   // -1: the row has a NaN. No element equals the -FLT_MAX of a row with no
   // value above -inf (all tie: 0).
-  Type i64 = b.getI64Type();
-  Value found = arith::CmpIOp::create(
-      b, arith::CmpIPredicate::ne, best,
-      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
-  outputs.argmax = arith::SelectOp::create(
-      b, found, arith::ExtSIOp::create(b, i64, best),
-      arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
+  outputs.argmax = argmaxOf(best);
   return outputs;
+}
+
+Value RowLoopBuilder::argmaxOf(Value best) {
+  Value found =
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ne, best, noIndex());
+  return arith::SelectOp::create(
+      b, found, arith::ExtSIOp::create(b, b.getI64Type(), best),
+      arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
+}
+
+Value RowLoopBuilder::entropyShift(Value from, Value to) {
+  return arith::MaximumFOp::create(
+      b, arith::MulFOp::create(b, arith::SubFOp::create(b, from, to),
+                               scaledLog2E()),
+      f32(-0x1p20f));
 }
 
 Value RowLoopBuilder::moveEntropySum(Value sum, Value total, Value from,
                                      Value to) {
-  // U' = r (U + delta S), delta = (from - to) L, r = 2^delta; delta at least
-  // -2^20, so a state that saw nothing (S = 0) moves to 0, not 0 * -inf.
-  Value delta = arith::MaximumFOp::create(
-      b, arith::MulFOp::create(b, arith::SubFOp::create(b, from, to),
-                               scaledLog2E()),
-      f32(-0x1p20f));
+  // U' = r (U + delta S), r = 2^delta.
+  Value delta = entropyShift(from, to);
   return arith::MulFOp::create(b, math::FmaOp::create(b, delta, total, sum),
                                math::Exp2Op::create(b, delta));
 }
@@ -186,9 +199,7 @@ Value RowLoopBuilder::moveEntropySum(Value sum, Value total, Value from,
 Value RowLoopBuilder::bestIndexAt(Value best, Value max, Value rowMax) {
   Value holds =
       arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, max, rowMax);
-  return arith::SelectOp::create(
-      b, holds, best,
-      arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
+  return arith::SelectOp::create(b, holds, best, noIndex());
 }
 
 Value RowLoopBuilder::stepBestIndex(Value best, Value oldMax, Value stepMax,
@@ -204,13 +215,7 @@ Value RowLoopBuilder::stepBestIndex(Value best, Value oldMax, Value stepMax,
       [&] {
         auto vectorType = cast<VectorType>(xs.front().getType());
         auto indexType = VectorType::get(vectorType.getShape(), i32);
-        SmallVector<int32_t> lanes(vectorType.getNumElements());
-        for (auto [k, lane] : llvm::enumerate(lanes))
-          lane = static_cast<int32_t>(k);
-        Value iota = arith::ConstantOp::create(
-            b, indexType, DenseElementsAttr::get(indexType, ArrayRef(lanes)));
-        Value none = arith::ConstantOp::create(
-            b, indexType, DenseElementsAttr::get(indexType, kNoIndex));
+        auto [iota, none] = laneIndices(b, indexType);
         Value splatMax = vector::BroadcastOp::create(b, vectorType, stepMax);
         Value candidates = none;
         for (auto [x, offset] : llvm::zip_equal(xs, offsets)) {
@@ -252,13 +257,7 @@ RowOutputs RowLoopBuilder::buildOutputs(const RowRef &row, Value vocab,
         Value entropy = math::FmaOp::create(
             b, f32(-kLn2), arith::DivFOp::create(b, stats.entropySum, total),
             buildLog1p(stats.rest));
-        Value found = arith::CmpIOp::create(
-            b, arith::CmpIPredicate::ne, stats.bestIndex,
-            arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex)));
-        Value argmax = arith::SelectOp::create(
-            b, found, arith::ExtSIOp::create(b, b.getI64Type(), stats.bestIndex),
-            arith::ConstantOp::create(b, b.getI64IntegerAttr(0)));
-        return SmallVector<Value>{entropy, argmax};
+        return SmallVector<Value>{entropy, argmaxOf(stats.bestIndex)};
       });
   return {values[0], values[1]};
 }

@@ -185,11 +185,7 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
         math::FmaOp::create(b, arith::NegFOp::create(b, splat(residual)),
                             allTerms, weighted),
         splat(unscale));
-    Value delta = arith::MaximumFOp::create(
-        b,
-        arith::MulFOp::create(b, arith::SubFOp::create(b, max, newMax),
-                              rows.scaledLog2E()),
-        rows.f32(-0x1p20f));
+    Value delta = rows.entropyShift(max, newMax);
     Value moved = math::FmaOp::create(b, splat(delta), rest, *entropySum);
     Value lane = vector::ExtractOp::create(b, moved, ArrayRef<int64_t>{0});
     moved = vector::InsertOp::create(b, arith::AddFOp::create(b, lane, delta),
@@ -239,6 +235,40 @@ std::pair<Value, Value> RowLoopBuilder::combineStates(Value maxA, Value restA,
   return {topMax, rest};
 }
 
+SmallVector<Value> RowStats::fields(bool withSum, bool withOutputs) const {
+  SmallVector<Value> values = {max, rest};
+  if (withSum)
+    values.append({sum, meanShift});
+  if (withOutputs)
+    values.append({entropySum, bestIndex, resweep});
+  return values;
+}
+
+SmallVector<Type> RowStats::fieldTypes(Builder &b, bool withSum,
+                                       bool withOutputs) {
+  SmallVector<Type> types(withSum ? 4 : 2, b.getF32Type());
+  if (withOutputs)
+    types.append({b.getF32Type(), b.getI32Type(), b.getI1Type()});
+  return types;
+}
+
+RowStats RowStats::fromFields(ArrayRef<Value> fields, bool withSum,
+                              bool withOutputs) {
+  RowStats stats{fields[0], fields[1]};
+  size_t next = 2;
+  if (withSum) {
+    stats.sum = fields[2];
+    stats.meanShift = fields[3];
+    next = 4;
+  }
+  if (withOutputs) {
+    stats.entropySum = fields[next];
+    stats.bestIndex = fields[next + 1];
+    stats.resweep = fields[next + 2];
+  }
+  return stats;
+}
+
 RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
                                          bool withSum, bool shiftedSum,
                                          bool withOutputs) {
@@ -264,13 +294,9 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         b, unusual,
         arith::CmpFOp::create(b, arith::CmpFPredicate::UEQ,
                               math::AbsFOp::create(b, stats.sum), f32(kInf)));
-  SmallVector<Type, 4> types(withSum ? 4 : 2, b.getF32Type());
-  auto valuesOf = [&](const RowStats &s) {
-    SmallVector<Value> values = {s.max, s.rest};
-    if (withSum)
-      values.append({s.sum, s.meanShift});
-    return values;
-  };
+  // The branch yields the statistics; the outputs' sums pass around it.
+  SmallVector<Type> types = RowStats::fieldTypes(b, withSum, false);
+  auto valuesOf = [&](const RowStats &s) { return s.fields(withSum, false); };
   if (withSum)
     unusual = arith::OrIOp::create(
         b, unusual,
@@ -359,11 +385,7 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
         return valuesOf(exact);
       },
       [&] { return valuesOf(stats); });
-  RowStats result{values[0], values[1]};
-  if (withSum) {
-    result.sum = values[2];
-    result.meanShift = values[3];
-  }
+  RowStats result = RowStats::fromFields(values, withSum, false);
   if (withOutputs) {
     result.entropySum = stats.entropySum;
     result.bestIndex = stats.bestIndex;
@@ -396,10 +418,9 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     inits.push_back(f32(0.0f, vectorType));
   // With the outputs, the per-lane entropy sums and the thread's argmax.
   Type i32 = b.getI32Type();
-  Value noIndex = arith::ConstantOp::create(b, b.getI32IntegerAttr(kNoIndex));
   size_t outputsAt = inits.size();
   if (withOutputs)
-    inits.append({f32(0.0f, vectorType), noIndex});
+    inits.append({f32(0.0f, vectorType), noIndex()});
   // The row sum is taken of x - c, c the row's first element (0 where that
   // is not finite, or for an empty row): a common offset of the logits (all
   // near 100, say) then costs no digits of mean - max, which the smoothing
@@ -555,7 +576,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   if (withSum)
     tailInits.push_back(f32(0.0f));
   if (withOutputs)
-    tailInits.append({f32(0.0f), noIndex});
+    tailInits.append({f32(0.0f), noIndex()});
   SmallVector<Value> tailState = buildScalarLoops(
       range, vocab, tailInits,
       [&](Value j, ValueRange state) -> SmallVector<Value> {
@@ -585,7 +606,6 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         }
         return next;
       });
-  Value threadMax = max, threadTotal;
   if (withOutputs) {
     // This thread's vector and scalar parts at their common maximum.
     Value top = arith::MaximumFOp::create(b, max, tailState[0]);
@@ -604,30 +624,26 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       combineStates(max, rest, tailState[0], tailState[1]);
   if (withSum)
     sum = arith::AddFOp::create(b, sum, tailState[2]);
-  if (withOutputs) {
-    threadMax = max;
-    threadTotal = arith::AddFOp::create(b, rest, f32(1.0f));
-  }
+  Value threadMax = max, threadRest = rest;
   std::tie(max, rest) = allReduceState(max, rest);
-  RowStats outputs;
   if (withOutputs) {
     // Every thread's sums moved to the row's maximum, then added; the
     // lowest index among the threads that hold the row's maximum.
-    outputs.entropySum = allReduceSum(
-        moveEntropySum(entropySum, threadTotal, threadMax, max));
-    outputs.bestIndex = allReduceMinIndex(bestIndexAt(bestIndex, threadMax, max));
+    entropySum = allReduceSum(moveEntropySum(
+        entropySum, arith::AddFOp::create(b, threadRest, f32(1.0f)),
+        threadMax, max));
+    bestIndex = allReduceMinIndex(bestIndexAt(bestIndex, threadMax, max));
   }
   if (!withSum)
-    return {max, rest, Value(), Value(), outputs.entropySum,
-            outputs.bestIndex};
+    return {max, rest, Value(), Value(), entropySum, bestIndex};
   // sum = sum_j (x_j - c) + V c; mean - max = sum_j (x_j - c) / V + (c - max).
   Value reducedSum = allReduceSum(sum);
   Value vocabF32 = arith::UIToFPOp::create(
       b, b.getF32Type(),
       arith::IndexCastUIOp::create(b, b.getI64Type(), vocab));
   RowStats stats{max, rest};
-  stats.entropySum = outputs.entropySum;
-  stats.bestIndex = outputs.bestIndex;
+  stats.entropySum = entropySum;
+  stats.bestIndex = bestIndex;
   Value mean = arith::DivFOp::create(b, reducedSum, vocabF32);
   if (!sumShift) {
     stats.sum = reducedSum;

@@ -431,45 +431,26 @@ RowStats CrossEntropyLowering::statisticsOf(const Token &t, bool withSum,
                                             Value argmaxOut,
                                             bool accumulateOutputs) {
   RowRef row = rowOf(logits, t);
-  if (!entropyOut && !argmaxOut)
-    return rows.buildStatistics(row, vocab, withSum, shiftedSum);
-  if (!accumulateOutputs)
+  if ((!entropyOut && !argmaxOut) || !accumulateOutputs)
     return rows.buildStatistics(row, vocab, withSum, shiftedSum);
   // The flags are uniform over the workgroup, so is the branch.
-  auto valuesOf = [&](const RowStats &s) {
-    SmallVector<Value> values = {s.max, s.rest};
-    if (withSum)
-      values.append({s.sum, s.meanShift});
-    values.append({s.entropySum, s.bestIndex, s.resweep});
-    return values;
-  };
-  SmallVector<Type> types(withSum ? 4 : 2, b.getF32Type());
-  types.append({b.getF32Type(), b.getI32Type(), b.getI1Type()});
-  SmallVector<Value> values = buildIfYield(
-      b, outputsWanted(entropyOut, argmaxOut), types,
+  SmallVector<Value> fields = buildIfYield(
+      b, outputsWanted(entropyOut, argmaxOut),
+      RowStats::fieldTypes(b, withSum, true),
       [&] {
-        return valuesOf(rows.buildStatistics(row, vocab, withSum, shiftedSum,
-                                             /*withOutputs=*/true));
+        return rows
+            .buildStatistics(row, vocab, withSum, shiftedSum,
+                             /*withOutputs=*/true)
+            .fields(withSum, true);
       },
       [&] {
         RowStats plain = rows.buildStatistics(row, vocab, withSum, shiftedSum);
         plain.entropySum = rows.f32(0.0f);
-        plain.bestIndex =
-            arith::ConstantOp::create(b, b.getI32IntegerAttr(detail::kNoIndex));
+        plain.bestIndex = rows.noIndex();
         plain.resweep = arith::ConstantIntOp::create(b, b.getI1Type(), 0);
-        return valuesOf(plain);
+        return plain.fields(withSum, true);
       });
-  RowStats stats{values[0], values[1]};
-  size_t next = 2;
-  if (withSum) {
-    stats.sum = values[2];
-    stats.meanShift = values[3];
-    next = 4;
-  }
-  stats.entropySum = values[next];
-  stats.bestIndex = values[next + 1];
-  stats.resweep = values[next + 2];
-  return stats;
+  return RowStats::fromFields(fields, withSum, true);
 }
 
 void CrossEntropyLowering::buildOutputs(const Token &t, const RowStats &stats,
