@@ -6,7 +6,8 @@ compute-sanitizer, from the repository root, with a runtime library and sm_90 bu
 elsewhere by ``test/gpu/prepare_sanitize_run.sh DIR``::
 
     python3 test/gpu/sanitize_h200.py --runtime DIR/lib/libce_runtime.so \\
-        --bundles DIR/kinds DIR/plain --shard-bundles DIR/shards DIR/slices --out $OUT
+        --bundles DIR/kinds DIR/plain DIR/softcap --shard-bundles DIR/shards DIR/slices \\
+        --out $OUT
 
 The script starts itself once per tool under ``compute-sanitizer --tool T`` (racecheck with
 ``--racecheck-report all``; the tools run side by side, one process each), and each run
@@ -22,7 +23,9 @@ special rows (-inf rows, maxima past 2^24: the exact re-sweep), an all-ignored b
 bad label per kernel; and the kernels of the shard bundles (shard_stats, and backward, which
 takes every slice since the key has no shard field) on vocabulary slices at 0 and 1000 of a
 larger vocabulary, smoothing over the slice and over the whole vocabulary (the run-time
-``shard_global_smoothing``). Each result is checked against the float64 reference of
+``shard_global_smoothing``), every other one also writing the slice's entropy and argmax.
+Every other forward and fused case asks for the entropy and argmax too (test_h200's draw), and
+the softcap bundle (``DIR/softcap``) holds the logit-softcap kernels. Each result is checked against the float64 reference of
 test_h200.py (the slices against their own), so a run that the tools pass also computed the
 right numbers.
 PyTorch's caching allocator is off in the checked processes (``PYTORCH_NO_CUDA_MEMORY_CACHING``),
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -208,6 +212,41 @@ def run_shard_backward(bundle: str, text: str, seed: int, failures: List[str], d
     return launches
 
 
+def check_shard_outputs(z, z_atol: float, entropy, argmax, start: int, sbv: bool, pads,
+                        what: str, failures: List[str]) -> None:
+    """The slice's entropy (within 2e-5 max(1, H) of float64, plus 2 cap z_atol for a
+    softcap kernel) and argmax (the lowest index of the maximum as a global id; a softcap
+    kernel's f32 z may tie or order values within 2 z_atol of each other otherwise) of the
+    transformed rows ``z`` (float64, in row order), read from the ``[B,S]`` views when
+    ``sbv``; the padding between the views' elements intact."""
+    import torch
+
+    p = torch.softmax(z, dim=-1)
+    ref_h = -(p * torch.log_softmax(z, dim=-1)).sum(dim=-1)
+    top = z.max(dim=-1, keepdim=True).values
+    first = torch.argmax((z == top).to(torch.int8), dim=-1)  # the lowest index of the max
+    got_h = entropy.to(torch.float64).cpu()
+    got_i = argmax.cpu()
+    if sbv:
+        got_h, got_i = (t.t().reshape(-1) for t in (got_h, got_i))  # [B,S] -> rows s*B + b
+    cap = z.abs().max().item() if z_atol else 0.0
+    h_bad = ~((got_h - ref_h).abs() <= 2e-5 * ref_h.abs().clamp(min=1.0) + 2 * cap * z_atol)
+    local = got_i - start
+    inside = (local >= 0) & (local < z.shape[-1])
+    picked = z.gather(-1, torch.where(inside, local, 0).unsqueeze(-1))[:, 0]
+    if z_atol:
+        i_bad = ~inside | (picked < top[:, 0] - 2 * z_atol)
+    else:
+        i_bad = local != first
+    pads_ok = bool(pads[0][0::2].isnan().all()) and bool((pads[1][0::2] == -5).all())
+    if h_bad.any() or i_bad.any() or not pads_ok:
+        failures.append(f"{what}: entropy of {int(h_bad.sum())} and argmax of "
+                        f"{int(i_bad.sum())} tokens off (first entropy "
+                        f"{got_h[h_bad][:2].tolist()} vs {ref_h[h_bad][:2].tolist()}, argmax "
+                        f"{got_i[i_bad][:2].tolist()} vs {(start + first)[i_bad][:2].tolist()}"
+                        f"), padding {'intact' if pads_ok else 'written'}")
+
+
 def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev) -> int:
     """Every shard_stats kernel of the bundles on every V of SHARD_VOCABS, flat and [S,B,V],
     the logits a strided view, a slice at 0 or at 1000 of a 300000-entry vocabulary, smoothing
@@ -253,11 +292,14 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                 values = draw_values(key, Case(f"shard-vocab{v}", n, s, b, v, True, False,
                                                False, False),
                                      False, mix(seed, f"{text}/{v}/options"))
+                # A softcap kernel with the case's cap (scale 1: the combine applies none).
                 options = _kernels.KernelOptions(
                     ignore_index=values.ignore_index,
                     label_smoothing=0.1 if key.smoothing_on else 0.0, z_loss=0.0,
+                    logit_softcap=values.logit_softcap if key.softcap_on else None,
                     label_layout="bs", bundle=str(Path(directory).resolve()),
                     shard=_kernels.Shard(start, vocab, global_smoothing))
+                values = dataclasses.replace(values, logit_scale=1.0)
                 gen = torch.Generator().manual_seed(mix(seed, f"{text}/{v}"))
                 x = (torch.randn((n, v), generator=gen, dtype=torch.float64) * 2).to(dtype)
                 labels = torch.randint(0, vocab, (n,), generator=gen)
@@ -279,20 +321,38 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                     labels_bs = labels.view(s, b).t().contiguous()
                     labels_dev = labels_bs.to(dev)
                     token_labels = labels  # row-major over [S, B] = the rows' order
-                out = _kernels.shard_stats(logits, labels_dev, options)
+                # Every other V also asks for the slice's entropy and argmax (flag bits 4
+                # and 5: the accumulating statistics sweep), written through strided views
+                # with NaN padding that must survive.
+                outputs = index % 2 == 1
+                token_shape = (n,) if key.layout == "flat" else (b, s)
+                pads = (torch.full((2 * n + 3,), float("nan"), device=dev),
+                        torch.full((2 * n + 3,), -5, dtype=torch.int64, device=dev))
+                entropy, argmax = (pad[3::2].view(token_shape) if outputs else None
+                                   for pad in pads)
+                out = _kernels.shard_stats(logits, labels_dev, options, entropy=entropy,
+                                           argmax=argmax)
                 if dev.type == "cuda":
                     torch.cuda.synchronize()
                 launches += 1
                 got = out.to(torch.float64).cpu()
                 if key.layout != "flat":
                     got = got.transpose(0, 1).reshape(n, 4)  # [B,S,4] -> rows s*B + b
-                ref, abs_sum = shard_reference(x.to(torch.float64), token_labels, start,
-                                               vocab, values.ignore_index, key.smoothing_on)
+                if outputs:
+                    check_shard_outputs(z, z_atol, entropy, argmax, start,
+                                        key.layout != "flat", pads,
+                                        f"shard_stats {text} V={v} slice at {start}", failures)
+                z = values.transform(x.to(torch.float64))
+                ref, abs_sum = shard_reference(z, token_labels, start, vocab,
+                                               values.ignore_index, key.smoothing_on)
+                # A softcap kernel's f32 z is within z_atol of float64's (0 without a cap).
+                z_atol = values.z_atol()
+                zeros = torch.zeros(n, dtype=torch.float64)
                 tolerance = torch.stack([
-                    torch.zeros(n, dtype=torch.float64),
-                    1e-5 * ref[:, 1].abs().clamp(min=1.0),
-                    torch.zeros(n, dtype=torch.float64),
-                    1e-5 * abs_sum.clamp(min=1.0)], dim=-1)
+                    zeros + z_atol,
+                    1e-5 * ref[:, 1].abs().clamp(min=1.0) + 2 * z_atol * (ref[:, 1] + 1),
+                    zeros + z_atol,
+                    1e-5 * abs_sum.clamp(min=1.0) + v * z_atol], dim=-1)
                 bad = ~((got - ref).abs() <= tolerance)
                 if bad.any() or not bool((storage[:5] == -7777.0).all()):
                     where = bad.nonzero()[:3].tolist()
