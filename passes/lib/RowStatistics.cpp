@@ -35,14 +35,18 @@ using namespace mlir::ce::detail;
 /// exactly 1, which the count's rounding absorbs). Without it the exponent is
 /// `(x - max) log2 e` and the maximum's terms are exactly 1.
 ///
-/// `weighted` (with `negScaledMax`): also adds sum_k e_k a_k to it (null:
-/// from 0), a_k the exponent: the entropy's raw sum (a -inf element adds
-/// 0 * -inf = NaN: its row takes the outputs' separate sweep).
+/// `weighted` (with `negScaledMax`): also sum_k e_k a_k, a_k the exponent
+/// (the entropy's sum before its residual is taken out). Only where `masked`
+/// (a step with lanes past the row, which are -inf) is a_k clamped to at
+/// least -256, so that those lanes add 0 * -256: elsewhere a -inf logit
+/// makes the sum 0 * -inf = NaN, and its row takes the outputs' separate
+/// sweep (buildStatistics). One FMA an element, no maximumf.
 static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                                         ImplicitLocOpBuilder &b,
                                         ArrayRef<Value> xs, Value max,
                                         Value negScaledMax = {},
-                                        Value *weighted = nullptr) {
+                                        Value *weighted = nullptr,
+                                        bool masked = false) {
   Value zero = rows.f32(0.0f, max.getType());
   Value log2e = negScaledMax ? rows.scaledLog2E(max.getType()) : Value();
   Value smallTerms, allTerms;
@@ -55,11 +59,12 @@ static std::pair<Value, Value> sumTerms(RowLoopBuilder &rows,
                   ? math::Exp2Op::create(b, exponent).getResult()
                   : rows.buildScaledExp(arith::SubFOp::create(b, x, max));
     if (weighted) {
-      // e a, unclamped: a -inf logit makes it 0 * -inf = NaN, and a row with
-      // a NaN sum takes the outputs' separate sweep (buildStatistics).
-      *weighted =
-          *weighted ? math::FmaOp::create(b, e, exponent, *weighted).getResult()
-                    : arith::MulFOp::create(b, e, exponent).getResult();
+      Value a = masked ? arith::MaximumFOp::create(
+                             b, exponent, rows.f32(-256.0f, max.getType()))
+                             .getResult()
+                       : exponent;
+      *weighted = *weighted ? math::FmaOp::create(b, e, a, *weighted).getResult()
+                            : arith::MulFOp::create(b, e, a).getResult();
     }
     Value term = arith::SelectOp::create(b, isMax, zero, e);
     smallTerms = smallTerms ? arith::AddFOp::create(b, smallTerms, term)
@@ -105,21 +110,6 @@ static std::pair<Value, Value> stepState(RowLoopBuilder &rows,
   return {newMax, newRest};
 }
 
-/// The FMA exponent's parts of a maximum m: -fl(m L) (at most 2^25) and the
-/// residual d = m L - fl(m L) of its rounding (at least -64: a maximum far
-/// below any logit, such as a state's first), L = fl(s log2 e).
-static std::pair<Value, Value> scaledMaxParts(RowLoopBuilder &rows,
-                                              ImplicitLocOpBuilder &b,
-                                              Value max) {
-  Value log2e = rows.scaledLog2E();
-  Value negScaled = arith::MinimumFOp::create(
-      b, arith::NegFOp::create(b, arith::MulFOp::create(b, max, log2e)),
-      rows.f32(kMaxNegScaledMax));
-  Value residual = arith::MaximumFOp::create(
-      b, math::FmaOp::create(b, max, log2e, negScaled), rows.f32(-64.0f));
-  return {negScaled, residual};
-}
-
 /// 2^-d for the residual d of a scaled maximum (|d| <= 64): 1 - d ln 2 when
 /// |d| <= 2^-12 (exact to f32 precision, which exp2's approximations near 1
 /// are not), else exp2(-d).
@@ -132,28 +122,6 @@ static Value unscaleOf(RowLoopBuilder &rows, ImplicitLocOpBuilder &b,
       b, tiny,
       math::FmaOp::create(b, residual, rows.f32(-kLn2), rows.f32(1.0f)),
       math::Exp2Op::create(b, arith::NegFOp::create(b, residual)));
-}
-
-/// A state's per-lane sums S = rest + its implicit 1 on lane 0.
-static Value withImplicitOne(ImplicitLocOpBuilder &b, Value rest) {
-  Value lane = vector::ExtractOp::create(b, rest, ArrayRef<int64_t>{0});
-  Value one = arith::ConstantOp::create(b, b.getF32FloatAttr(1.0f));
-  return vector::InsertOp::create(b, arith::AddFOp::create(b, lane, one), rest,
-                                  ArrayRef<int64_t>{0});
-}
-
-/// The entropy sums U = 2^-d W - d S of raw sums W at the maximum `max`
-/// (stepRowState), S its per-lane sums (withImplicitOne), d its residual.
-static Value entropyOfRaw(RowLoopBuilder &rows, ImplicitLocOpBuilder &b,
-                          Value max, Value raw, Value total) {
-  auto type = cast<VectorType>(raw.getType());
-  Value residual = scaledMaxParts(rows, b, max).second;
-  Value unscale = unscaleOf(rows, b, residual);
-  return math::FmaOp::create(
-      b, arith::NegFOp::create(b, vector::BroadcastOp::create(b, type, residual)),
-      total,
-      arith::MulFOp::create(b, raw,
-                            vector::BroadcastOp::create(b, type, unscale)));
 }
 
 /// The maximum of the elements of the vectors `xs`, as a scalar of their
@@ -181,13 +149,15 @@ static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
 /// row's maximum, and buildStatistics sweeps a row whose maximum is not below
 /// 2^24 in magnitude again with exact subtractions.
 /// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
-/// `entropySum` (a vector like `rest`, with the outputs): the per-lane raw
-/// entropy sums W at the state's maximum, updated in place (entropyOfRaw).
+/// `entropySum` (a vector like `rest`, with the outputs): the per-lane
+/// entropy sums U (RowStats), updated in place; `masked`: the step has lanes
+/// past the row (sumTerms).
 static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                                             ImplicitLocOpBuilder &b, Value max,
                                             Value rest, ArrayRef<Value> xs,
                                             Value stepMax,
-                                            Value *entropySum = nullptr) {
+                                            Value *entropySum = nullptr,
+                                            bool masked = false) {
   auto type = cast<VectorType>(rest.getType());
   auto splat = [&](Value scalar) -> Value {
     return vector::BroadcastOp::create(b, type, scalar);
@@ -200,39 +170,36 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
   // With a logit scale s, log2 e is fl(s log2 e) throughout: the terms are
   // exp2(x fl(s log2 e) - c), c = fl(m fl(s log2 e)), whose error is one
   // rounding of (x - m) s log2 e + d, never that of s x or s m.
-  auto [negScaled, residual] = scaledMaxParts(rows, b, newMax);
+  Value log2e = rows.scaledLog2E();
+  Value negScaled = arith::MinimumFOp::create(
+      b, arith::NegFOp::create(b, arith::MulFOp::create(b, newMax, log2e)),
+      rows.f32(kMaxNegScaledMax));
+  Value residual = arith::MaximumFOp::create(
+      b, math::FmaOp::create(b, newMax, log2e, negScaled),
+      rows.f32(-64.0f));
   Value unscale = unscaleOf(rows, b, residual);
   Value weighted;
-  if (entropySum) {
-    // The raw sums W = 2^d (U + d S) at the maximum m (U = sum t (x - m) L
-    // and S = sum t, t = exp2((x - m) L), its implicit 1 on lane 0; d the
-    // residual of m) take each step's terms e a = 2^d t ((x - m) L + d) as
-    // they come: one FMA an element. Only a step whose maximum grows (rare
-    // once a thread's maximum has settled: a branch) moves them to the new
-    // maximum: U' = r (U + delta S), S' = r S, delta = (m_old - m) L >= -2^20
-    // (a first maximum from -FLT_MAX has r = 0 and S = 0), r = exp2(delta).
-    weighted = buildIfYield(
-        b, grew, TypeRange{type},
-        [&] {
-          Value total = withImplicitOne(b, rest);
-          Value u = entropyOfRaw(rows, b, max, *entropySum, total);
-          Value delta = splat(rows.entropyShift(max, newMax));
-          Value movedU = arith::MulFOp::create(
-              b, math::FmaOp::create(b, delta, total, u), splat(rescale));
-          Value movedTotal = arith::MulFOp::create(b, total, splat(rescale));
-          Value up = arith::DivFOp::create(b, rows.f32(1.0f), unscale);  // 2^d
-          Value raw = arith::MulFOp::create(
-              b, math::FmaOp::create(b, splat(residual), movedTotal, movedU),
-              splat(up));
-          return SmallVector<Value>{raw};
-        },
-        [&] { return SmallVector<Value>{*entropySum}; })[0];
-  }
   auto [smallTerms, allTerms] =
       sumTerms(rows, b, xs, splat(newMax), splat(negScaled),
-               entropySum ? &weighted : nullptr);
-  if (entropySum)
-    *entropySum = weighted;
+               entropySum ? &weighted : nullptr, masked);
+  if (entropySum) {
+    // The terms are t 2^d with exponents a = (x - m) L + d (L = fl(s log2
+    // e)): sum t (x - m) L = 2^-d (sum e a - d sum e). The old sums move to
+    // the new maximum as U' = r (U + delta S), delta = (m_old - m) L <= 0
+    // (at least -2^20: a first maximum from -FLT_MAX has r = 0 and S = 0),
+    // r = exp2(delta), S the old total (its implicit 1 on lane 0).
+    Value stepSum = arith::MulFOp::create(
+        b,
+        math::FmaOp::create(b, arith::NegFOp::create(b, splat(residual)),
+                            allTerms, weighted),
+        splat(unscale));
+    Value delta = rows.entropyShift(max, newMax);
+    Value moved = math::FmaOp::create(b, splat(delta), rest, *entropySum);
+    Value lane = vector::ExtractOp::create(b, moved, ArrayRef<int64_t>{0});
+    moved = vector::InsertOp::create(b, arith::AddFOp::create(b, lane, delta),
+                                     moved, ArrayRef<int64_t>{0});
+    *entropySum = math::FmaOp::create(b, moved, splat(rescale), stepSum);
+  }
   Value maxCount = math::RoundEvenOp::create(
       b, arith::MulFOp::create(
              b,
@@ -432,8 +399,8 @@ RowStats RowLoopBuilder::buildStatistics(const RowRef &row, Value vocab,
     result.bestIndex = stats.bestIndex;
     // A NaN logit need not reach the maximum (a merge of states may drop
     // it) but makes the sums NaN, as does a -inf logit the entropy sum (its
-    // term 0 * -inf, left unclamped to keep the sweep at one FMA an
-    // element): such a row takes the outputs' own sweep too.
+    // term 0 * -inf, unclamped to keep the sweep at one FMA an element):
+    // such a row takes the outputs' own sweep too.
     result.resweep = arith::OrIOp::create(
         b, unusual,
         arith::CmpFOp::create(
@@ -537,7 +504,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
                                 offsets);
     }
     auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs, stepMax,
-                                    withOutputs ? &entropySum : nullptr);
+                                    withOutputs ? &entropySum : nullptr,
+                                    /*masked=*/!valid.empty());
     SmallVector<Value> next = {max, rest};
     if (withSum) {
       Value tileSum = sumXs.front();
@@ -608,10 +576,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
 
   Value entropySum, bestIndex;
   if (withOutputs) {
-    entropySum = vector::ReductionOp::create(
-        b, vector::CombiningKind::ADD,
-        entropyOfRaw(*this, b, lanes[0], lanes[outputsAt],
-                     withImplicitOne(b, lanes[1])));
+    entropySum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
+                                             lanes[outputsAt]);
     bestIndex = lanes[outputsAt + 1];
   }
 

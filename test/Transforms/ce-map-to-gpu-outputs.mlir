@@ -2,9 +2,9 @@
 
 // The entropy and argmax outputs on GPUs. Where flag bit 4 or 5 is set the
 // statistics sweep is the one that also accumulates them (the other branch
-// is the plain sweep): per vector the entropy's raw sum e a by one FMA (a
-// -inf logit makes it NaN: that row takes the separate sweep), moved to a
-// new maximum only in a step whose maximum grew, and where a
+// is the plain sweep): per vector the entropy's sum e a by one FMA (the
+// exponent clamped only in masked steps: a -inf logit elsewhere makes the
+// sum NaN, and its row takes the separate sweep), and where a
 // step reaches the thread's maximum (a branch) the lowest lane index equal
 // to the step's maximum (vector minsi), the smaller one on a tie. The
 // threads' sums and smallest indices are combined (xor shuffles of the i32,
@@ -26,20 +26,18 @@
 // CHECK: arith.minsi %{{.*}} : vector<8xi32>
 // CHECK: vector.reduction <minsi>, %{{.*}} : vector<8xi32> into i32
 // CHECK: arith.cmpf ogt, %[[STEPMAX]], %{{.*}} : f32
-// Only a step whose maximum grew moves the raw entropy sums (a branch):
-// CHECK: %[[GREW:.*]] = arith.cmpf ogt, %{{.*}} : f32
-// CHECK: %[[W:.*]] = scf.if %[[GREW]] -> (vector<8xf32>) {
-// CHECK: arith.divf %{{.*}} : f32
-// CHECK: } else {
-// CHECK-NEXT: scf.yield %{{.*}} : vector<8xf32>
-// Then one FMA an element on the exponent, unclamped (no maximumf between),
-// chained from the (moved) sums:
+// The entropy sum's FMA takes each exponent unclamped (no maximumf between)
+// in the main loop's steps:
 // CHECK: %[[A:.*]] = math.fma %{{.*}} : vector<8xf32>
 // CHECK-NEXT: %[[E:.*]] = math.exp2 %[[A]] : vector<8xf32>
-// CHECK-NEXT: %[[W1:.*]] = math.fma %[[E]], %[[A]], %[[W]] : vector<8xf32>
+// CHECK-NEXT: %[[W:.*]] = arith.mulf %[[E]], %[[A]] : vector<8xf32>
 // CHECK: %[[A2:.*]] = math.fma %{{.*}} : vector<8xf32>
 // CHECK-NEXT: %[[E2:.*]] = math.exp2 %[[A2]] : vector<8xf32>
-// CHECK-NEXT: math.fma %[[E2]], %[[A2]], %[[W1]] : vector<8xf32>
+// CHECK-NEXT: math.fma %[[E2]], %[[A2]], %[[W]] : vector<8xf32>
+// and clamped in a masked step (lanes past the row are -inf):
+// CHECK: %[[ME:.*]] = math.exp2 %[[MA:[0-9]+]] : vector<8xf32>
+// CHECK-NEXT: %[[CLAMPED:.*]] = arith.maximumf %[[MA]], %{{.*}} : vector<8xf32>
+// CHECK-NEXT: arith.mulf %[[ME]], %[[CLAMPED]] : vector<8xf32>
 // CHECK: %[[SH:.*]], %{{.*}} = gpu.shuffle  xor %{{.*}} : i32
 // CHECK: arith.minsi %{{.*}}, %[[SH]] : i32
 // CHECK: } else {

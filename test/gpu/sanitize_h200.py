@@ -338,10 +338,6 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                 got = out.to(torch.float64).cpu()
                 if key.layout != "flat":
                     got = got.transpose(0, 1).reshape(n, 4)  # [B,S,4] -> rows s*B + b
-                if outputs:
-                    check_shard_outputs(z, z_atol, entropy, argmax, start,
-                                        key.layout != "flat", pads,
-                                        f"shard_stats {text} V={v} slice at {start}", failures)
                 z = values.transform(x.to(torch.float64))
                 ref, abs_sum = shard_reference(z, token_labels, start, vocab,
                                                values.ignore_index, key.smoothing_on)
@@ -353,6 +349,10 @@ def run_shard_stats(bundle_dirs: List[str], seed: int, failures: List[str], dev)
                     1e-5 * ref[:, 1].abs().clamp(min=1.0) + 2 * z_atol * (ref[:, 1] + 1),
                     zeros + z_atol,
                     1e-5 * abs_sum.clamp(min=1.0) + v * z_atol], dim=-1)
+                if outputs:
+                    check_shard_outputs(z, z_atol, entropy, argmax, start,
+                                        key.layout != "flat", pads,
+                                        f"shard_stats {text} V={v} slice at {start}", failures)
                 bad = ~((got - ref).abs() <= tolerance)
                 if bad.any() or not bool((storage[:5] == -7777.0).all()):
                     where = bad.nonzero()[:3].tolist()
