@@ -123,35 +123,6 @@ def forward_outputs_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[
     return loss, lse, lse_low, entropy, argmax
 
 
-def fused_outputs_impl(logits: Tensor, labels: Tensor, weights: Tensor,
-                       ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                       label_layout: str, bundle: Optional[str], label_out_of_range: str,
-                       logit_scale: float,
-                       logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """(loss, lse, weighted gradient in a fresh tensor, entropy, argmax)."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale, logit_softcap)
-    loss, lse, grad, entropy, argmax = _kernels.fused(
-        logits, labels, weights, options, overwrite=False, entropy=True, argmax=True)
-    assert grad is not None
-    return loss, lse, grad, entropy, argmax
-
-
-def fused_overwrite_outputs_impl(logits: Tensor, labels: Tensor, weights: Tensor,
-                                 ignore_index: Optional[int], label_smoothing: float,
-                                 z_loss: float, label_layout: str, bundle: Optional[str],
-                                 label_out_of_range: str,
-                                 logit_scale: float,
-                                 logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(loss, lse, entropy, argmax); the weighted gradient is written over ``logits``
-    (the outputs are of the logits as they were)."""
-    options = _options(ignore_index, label_smoothing, z_loss, label_layout, bundle,
-                       label_out_of_range, logit_scale, logit_softcap)
-    loss, lse, _, entropy, argmax = _kernels.fused(
-        logits, labels, weights, options, overwrite=True, entropy=True, argmax=True)
-    return loss, lse, entropy, argmax
-
-
 def rescale_fused_gradient_impl(grad: Tensor, weights: Tensor, grad_loss: Tensor,
                                 label_layout: str) -> None:
     """The fused gradient ``w_t * dloss_t/dx`` made ``g_t * dloss_t/dx``, in place, on the
@@ -231,28 +202,6 @@ def forward_outputs_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[
     return loss, lse, lse_low, entropy, _argmax_output(logits, label_layout)
 
 
-def fused_outputs_fake(logits: Tensor, labels: Tensor, weights: Tensor,
-                       ignore_index: Optional[int], label_smoothing: float, z_loss: float,
-                       label_layout: str, bundle: Optional[str], label_out_of_range: str,
-                       logit_scale: float,
-                       logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Fake of :func:`fused_outputs_impl`."""
-    loss, lse, entropy = _token_outputs(logits, label_layout, 3)
-    return (loss, lse, torch.empty_like(logits), entropy,
-            _argmax_output(logits, label_layout))
-
-
-def fused_overwrite_outputs_fake(logits: Tensor, labels: Tensor, weights: Tensor,
-                                 ignore_index: Optional[int], label_smoothing: float,
-                                 z_loss: float, label_layout: str, bundle: Optional[str],
-                                 label_out_of_range: str,
-                                 logit_scale: float,
-                                 logit_softcap: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Fake of :func:`fused_overwrite_outputs_impl`."""
-    loss, lse, entropy = _token_outputs(logits, label_layout, 3)
-    return loss, lse, entropy, _argmax_output(logits, label_layout)
-
-
 def rescale_fused_gradient_fake(grad: Tensor, weights: Tensor, grad_loss: Tensor,
                                 label_layout: str) -> None:
     """Fake of :func:`rescale_fused_gradient_impl`."""
@@ -269,9 +218,6 @@ _SPECS = (
     ("fused", fused_impl, fused_fake, ()),
     ("fused_overwrite", fused_overwrite_impl, fused_overwrite_fake, ("logits",)),
     ("forward_outputs", forward_outputs_impl, forward_outputs_fake, ()),
-    ("fused_outputs", fused_outputs_impl, fused_outputs_fake, ()),
-    ("fused_overwrite_outputs", fused_overwrite_outputs_impl, fused_overwrite_outputs_fake,
-     ("logits",)),
 )
 
 # Device work on PyTorch tensors around the kernels (no cegen kernel, no label policy).
@@ -332,5 +278,3 @@ fused = _entry("fused", fused_impl)
 fused_overwrite = _entry("fused_overwrite", fused_overwrite_impl)
 rescale_fused_gradient = _entry("rescale_fused_gradient", rescale_fused_gradient_impl)
 forward_outputs = _entry("forward_outputs", forward_outputs_impl)
-fused_outputs = _entry("fused_outputs", fused_outputs_impl)
-fused_overwrite_outputs = _entry("fused_overwrite_outputs", fused_overwrite_outputs_impl)

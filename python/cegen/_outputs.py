@@ -2,9 +2,11 @@
 returns the log-sum-exp, the entropy or the argmax (``return_lse``, ``return_entropy``,
 ``return_argmax`` of :func:`cegen.cross_entropy`).
 
-The lse is the forward's own; the entropy and argmax come from one more sweep of each row
-in the forward (or fused) kernel, only when one of them is asked for (bundle format 5's
-optional outputs, flag bits 4 and 5). Only the loss is differentiable. With
+The lse is the forward's (or fused kernel's) own; the entropy and argmax come from the
+forward kernel's statistics sweep, only when one of them is asked for (bundle format 5's
+optional outputs, flag bits 4 and 5), so a call that asks for them with ``grad_weights``
+takes the forward and backward kernels instead of the fused one (whose outputs would cost a
+sweep of their own). Only the loss is differentiable. With
 ``overwrite_input`` the outputs are of the logits as they were before the gradient
 replaced them. The kernels are called through ``cegen._library``'s entries, so that
 torch.compile traces the same Functions over the registered custom ops.
@@ -77,33 +79,24 @@ class _OutputsFunction(torch.autograd.Function):
 
 
 class _FusedOutputsFunction(torch.autograd.Function):
-    """One kernel computes the loss, the gradient and the outputs; ``backward`` returns
-    (rescales) the gradient as the plain fused Function does."""
+    """The fused kernel computes the loss, the gradient and the lse (the forward's own);
+    ``backward`` returns (rescales) the gradient as the plain fused Function does."""
 
     @staticmethod
     def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor,  # type: ignore[override]
-                weights: torch.Tensor, overwrite: bool, sweep: bool,
-                *op_args: Any) -> Tuple[Any, ...]:
-        entropy = argmax = None
+                weights: torch.Tensor, overwrite: bool, *op_args: Any) -> Tuple[Any, ...]:
         if overwrite:
-            if sweep:
-                loss, lse, entropy, argmax = _library.fused_overwrite_outputs(
-                    logits, labels, weights, *op_args)
-            else:
-                loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
+            loss, lse = _library.fused_overwrite(logits, labels, weights, *op_args)
             bump_version(logits)
             grad = logits.detach()
-        elif sweep:
-            loss, lse, grad, entropy, argmax = _library.fused_outputs(
-                logits, labels, weights, *op_args)
         else:
             loss, lse, grad = _library.fused(logits, labels, weights, *op_args)
         ctx.save_for_backward(grad, weights)
         ctx.label_layout = op_args[3]
-        ctx.inputs = 5 + len(op_args)
+        ctx.inputs = 4 + len(op_args)
         ctx.used = False
-        ctx.mark_non_differentiable(*(t for t in (lse, entropy, argmax) if t is not None))
-        return loss, lse, entropy, argmax
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
 
     @staticmethod
     @once_differentiable
@@ -127,10 +120,15 @@ def cross_entropy_outputs(logits: torch.Tensor, labels: torch.Tensor, op_args: T
         else:
             loss, lse, _ = _library.forward(logits, labels, *op_args)
             entropy = argmax = None
-    elif weights is not None:
-        loss, lse, entropy, argmax = _FusedOutputsFunction.apply(
-            logits, labels, weights, overwrite, sweep, *op_args)
+    elif weights is not None and not sweep:
+        loss, lse = _FusedOutputsFunction.apply(logits, labels, weights, overwrite, *op_args)
+        entropy = argmax = None
     else:
+        # With the entropy or argmax, also where grad_weights would select the fused
+        # kernel: the forward kernel accumulates them in its statistics sweep, and the
+        # backward kernel follows in autograd's backward. The fused kernel takes them in a
+        # sweep of their own (a third read of each row): 1.5x against 1.9x the fused
+        # kernel's time at 8192x128256 on the H200 (docs/perf-log/2026-12-02-1942-*).
         loss, lse, entropy, argmax = _OutputsFunction.apply(
             logits, labels, overwrite, sweep, *op_args)
     return CrossEntropyResult(loss, lse if want_lse else None,
