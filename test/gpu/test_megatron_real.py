@@ -6,8 +6,9 @@ one needs a CUDA GPU, Megatron-Core's source (never committed: export ``megatron
 Megatron-LM checkout into ``.dev/megatron``), an sm_90 bundle and the runtime library:
 
     git --git-dir=<Megatron-LM.git> archive HEAD megatron/core | tar -x -C .dev/megatron
-    build/bin/ce-gen --target=sm_90 --op=forward,backward --logits=bf16,f32 --labels=i64 \\
-        --layout=sbv_bs --overwrite=0,1 -o .dev/megatron-bundle
+    build/bin/ce-gen --target=sm_90 --op=forward,backward,fused,rescale --logits=bf16,f32 \\
+        --labels=i64 --layout=flat,sbv_bs --overwrite=0,1 --weights=token \\
+        -o .dev/megatron-bundle    # flat, fused and rescale: the fused output layer's chunks
     test/gpu/prepare_device_run.sh   # or any libce_runtime.so built for the GPU machine
     PYTHONPATH=.dev/megatron:python python3 test/gpu/test_megatron_real.py
 
@@ -43,6 +44,11 @@ A single-rank NCCL process group, ``initialize_model_parallel(1, 1)`` and a smal
    within 1e-3, also with a label outside the vocabulary of each other kind (-1, V, 2**40);
    and 10 AdamW steps on the masked mean, patched (overwrite-input on) and unpatched, stay
    finite and agree within bf16 noise.
+6. The fused output layer (issue 18, ``--turbo-ce-fuse-output-layer``): GPTModel's
+   post-processing runs ``cegen.linear_cross_entropy`` (the output layer's forward, so the
+   full logits, never happen; no fallback logged); loss within 1e-3 and every parameter's
+   gradient within PARAM_GRAD_TOL of Megatron's own loss and of the unfused patch; 20 AdamW
+   steps finite, falling, and within bf16 noise of Megatron's curve.
 """
 
 from __future__ import annotations
@@ -219,12 +225,14 @@ class TestRealMegatronCore(unittest.TestCase):
         parser.add_argument("--cross-entropy-loss-fusion", action="store_true")
         return self.turbo_ce.add_turbo_ce_args(parser, argv=argv).parse_args(argv)
 
-    def install(self, overwrite: bool) -> None:
+    def install(self, overwrite: bool, fuse_output_layer: bool = False) -> None:
         argv = ["--cross-entropy-loss-fusion", "--use-turbo-cross-entropy"]
         argv += ["--turbo-ce-overwrite-input"] if overwrite else []
+        argv += ["--turbo-ce-fuse-output-layer"] if fuse_output_layer else []
         args = self.parse(argv)
         self.assertTrue(args.use_turbo_cross_entropy)
         self.assertEqual(args.turbo_ce_overwrite_input, overwrite)
+        self.assertEqual(args.turbo_ce_fuse_output_layer, fuse_output_layer)
         self.assertTrue(self.turbo_ce.install(args))
         self.assertTrue(self.turbo_ce.is_installed())
 
@@ -415,11 +423,12 @@ class TestRealMegatronCore(unittest.TestCase):
 
     # -- 4. training steps -------------------------------------------------------------------
 
-    def train(self, patched: bool, batches) -> List[float]:  # type: ignore[no-untyped-def]
+    def train(self, patched: bool, batches,  # type: ignore[no-untyped-def]
+              fuse_output_layer: bool = False) -> List[float]:
         self.turbo_ce.uninstall()
         self.restore_weights()
         if patched:
-            self.install(overwrite=True)
+            self.install(overwrite=True, fuse_output_layer=fuse_output_layer)
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         losses = []
         try:
@@ -459,6 +468,65 @@ class TestRealMegatronCore(unittest.TestCase):
         self.assertEqual(refused, [])
         self.assertLessEqual(diff, 0.05)
 
+
+    # -- 6. the fused output layer (issue 18) ---------------------------------------------
+
+    def test_6_fused_output_layer(self) -> None:
+        """``--turbo-ce-fuse-output-layer``: GPTModel's post-processing computes the output
+        layer and the loss together (``cegen.linear_cross_entropy``, the logits one chunk at
+        a time): the output layer's forward never runs, no fallback is logged, the loss and
+        every parameter's gradient agree with Megatron's own loss and with the unfused patch,
+        and TRAIN_STEPS AdamW steps follow Megatron's loss curve."""
+        self.turbo_ce.uninstall()
+        self.restore_weights()
+        ref_loss, ref_grads, _ = self.model_loss_and_grads()
+        self.install(overwrite=True)
+        try:
+            unfused_loss, unfused_grads, _ = self.model_loss_and_grads()
+        finally:
+            self.turbo_ce.uninstall()
+        records = _Records()
+        logger = logging.getLogger("cegen.megatron")
+        logger.addHandler(records)
+        try:
+            self.install(overwrite=True, fuse_output_layer=True)
+            self.turbo_ce.reset_fallback_log()
+            loss, grads, seen = self.model_loss_and_grads()
+        finally:
+            self.turbo_ce.uninstall()
+            logger.removeHandler(records)
+        errs = {n: _rel_err(grads[n], ref_grads[n]) for n in ref_grads}
+        worst = max(errs, key=errs.get)
+        vs_unfused = max(_rel_err(grads[n], unfused_grads[n]) for n in ref_grads)
+        loss_diff = float((loss - ref_loss).abs().max())
+        print(f"[fused output layer] loss {tuple(loss.shape)} {loss.dtype}, mean "
+              f"{float(loss.mean()):.5f}, max|dloss| vs Megatron {loss_diff:.3e}, vs the unfused "
+              f"patch {float((loss - unfused_loss).abs().max()):.3e}; {len(errs)} param grads, "
+              f"worst rel err {errs[worst]:.3e} ({worst}), output_layer.weight "
+              f"{errs.get('module.output_layer.weight', float('nan')):.3e}, worst vs the unfused "
+              f"patch {vs_unfused:.3e}; output layer forward called: {'logits_shape' in seen}; "
+              f"log records: {records.messages}", flush=True)
+        self.assertNotIn("logits_shape", seen)  # the full logits never existed
+        self.assertEqual([m for m in records.messages if "does not fuse" in m], [])
+        self.assertEqual(loss.shape, ref_loss.shape)
+        self.assertEqual(loss.dtype, torch.float32)
+        self.assertLessEqual(loss_diff, LOSS_TOL)
+        self.assertLessEqual(errs[worst], PARAM_GRAD_TOL)
+        self.assertLessEqual(vs_unfused, PARAM_GRAD_TOL)
+        self.assertEqual(set(grads), set(ref_grads))
+        self.assertTrue(all(torch.isfinite(g).all() for g in grads.values()))
+
+        batches = [self.batch() for _ in range(TRAIN_STEPS)]
+        fused_losses = self.train(True, batches, fuse_output_layer=True)
+        megatron_losses = self.train(False, batches)
+        diff = max(abs(a - b) for a, b in zip(fused_losses, megatron_losses))
+        print(f"[fused output layer, {TRAIN_STEPS} steps AdamW lr 1e-3] "
+              f"{fused_losses[0]:.4f} {fused_losses[1]:.4f} ... {fused_losses[-1]:.4f}; "
+              f"megatron {megatron_losses[0]:.4f} ... {megatron_losses[-1]:.4f}; max|diff| "
+              f"{diff:.3e}", flush=True)
+        self.assertTrue(all(math.isfinite(x) for x in fused_losses))
+        self.assertLess(fused_losses[-1], fused_losses[0])
+        self.assertLessEqual(diff, 0.05)
 
     # -- 5. SFT: -100 prompt labels masked by loss_mask ------------------------------------
 
