@@ -124,10 +124,10 @@ def forward_outputs_impl(logits: Tensor, labels: Tensor, ignore_index: Optional[
 
 
 def rescale_fused_gradient_impl(grad: Tensor, weights: Tensor, grad_loss: Tensor,
-                                label_layout: str) -> None:
+                                label_layout: str, bundle: Optional[str]) -> None:
     """The fused gradient ``w_t * dloss_t/dx`` made ``g_t * dloss_t/dx``, in place, on the
     device (``cegen._rescale``)."""
-    _rescale.rescale_fused_gradient(grad, weights, grad_loss, label_layout)
+    _rescale.rescale_fused_gradient(grad, weights, grad_loss, label_layout, bundle)
 
 
 # -- fake (meta) implementations: shapes and dtypes only -------------------------------------
@@ -203,7 +203,7 @@ def forward_outputs_fake(logits: Tensor, labels: Tensor, ignore_index: Optional[
 
 
 def rescale_fused_gradient_fake(grad: Tensor, weights: Tensor, grad_loss: Tensor,
-                                label_layout: str) -> None:
+                                label_layout: str, bundle: Optional[str]) -> None:
     """Fake of :func:`rescale_fused_gradient_impl`."""
     return None
 

@@ -92,7 +92,7 @@ class _FusedOutputsFunction(torch.autograd.Function):
         else:
             loss, lse, grad = _library.fused(logits, labels, weights, *op_args)
         ctx.save_for_backward(grad, weights)
-        ctx.label_layout = op_args[3]
+        ctx.label_layout, ctx.bundle = op_args[3], op_args[4]
         ctx.inputs = 4 + len(op_args)
         ctx.used = False
         ctx.mark_non_differentiable(lse)

@@ -32,7 +32,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from . import _gradient_status
+from . import _errors, _gradient_status
 from ._log_once import LogOnce
 from ._variant import rescale_key
 
@@ -60,30 +60,35 @@ def upstream_is_weights(grad_loss: torch.Tensor, weights: torch.Tensor) -> bool:
 
 
 def rescale_fused_gradient(grad: torch.Tensor, weights: torch.Tensor, grad_loss: torch.Tensor,
-                           label_layout: str) -> None:
+                           label_layout: str, bundle: Optional[str] = None) -> None:
     """In place: ``grad`` (the fused kernel's ``w_t * dloss_t/dx``) becomes ``g_t * dloss_t/dx``.
 
     ``weights`` is 0-dim or has the tokens' shape; ``grad_loss`` has the tokens' shape (any
-    strides, stride 0 included). No host synchronization.
+    strides, stride 0 included). ``bundle``: the directory the caller's fused kernel came
+    from (``bundle=`` of :func:`cegen.cross_entropy`), searched for the rescale kernel first,
+    as the other kernels are. No host synchronization.
     """
     g = grad_loss if grad_loss.dtype == torch.float32 else grad_loss.float()
     w = weights if weights.dtype == torch.float32 else weights.float()
-    if not _rescale_with_kernel(grad, w, g, label_layout):
+    if not _rescale_with_kernel(grad, w, g, label_layout, bundle):
         _rescale_with_torch(grad, w, g, label_layout)
     _gradient_status.record((w == 0) & (g != 0))  # on the CPU this may raise: rows first
 
 
-# (dtype, ndim, label_layout, device) -> (bundle, ce_options) of the rescale kernel, or None
+# (dtype, ndim, label_layout, device, bundle, cache generation) -> (bundle, ce_options) of the
+# rescale kernel, or None
 # where none is available (then PyTorch's operations do it).
 _kernels_found: Dict[Tuple[Any, ...], Optional[Tuple[Any, Any]]] = {}
 _kernels_lock = threading.Lock()
 
 
-def _rescale_kernel(grad: torch.Tensor, label_layout: str) -> Optional[Tuple[Any, Any]]:
+def _rescale_kernel(grad: torch.Tensor, label_layout: str,
+                    bundle_dir: Optional[str]) -> Optional[Tuple[Any, Any]]:
     from . import _bundle_cache, _kernels
     from ._runtime import LabelLayout, get_runtime
 
-    where = (grad.dtype, grad.dim(), label_layout, grad.device, _bundle_cache.generation)
+    where = (grad.dtype, grad.dim(), label_layout, grad.device, bundle_dir,
+             _bundle_cache.generation)
     if where in _kernels_found:
         return _kernels_found[where]
     found: Optional[Tuple[Any, Any]] = None
@@ -93,7 +98,17 @@ def _rescale_kernel(grad: torch.Tensor, label_layout: str) -> Optional[Tuple[Any
             raise RuntimeError(f"the runtime library {runtime.path} has no ce_rescale")
         key = rescale_key(_kernels._LOGITS_DTYPES[grad.dtype][0],
                           _kernels.variant_layout(grad.dim(), label_layout))
-        bundle = _bundle_cache.bundle_for(key, None, _kernels.device_target(grad.device))
+        target = _kernels.device_target(grad.device)
+        bundle = None
+        if bundle_dir is not None:
+            # The caller's bundle first (a machine without ce-gen ships its own kernels);
+            # one made before the rescale kernel leaves it to the cache.
+            try:
+                bundle = _bundle_cache.bundle_for(key, bundle_dir, target)
+            except _errors.VariantNotFoundError:
+                bundle = None
+        if bundle is None:
+            bundle = _bundle_cache.bundle_for(key, None, target)
         options = runtime.default_options()
         options.label_layout = LabelLayout.BS if label_layout == "bs" else LabelLayout.SB
         found = (bundle, options)
@@ -109,14 +124,14 @@ def _rescale_kernel(grad: torch.Tensor, label_layout: str) -> Optional[Tuple[Any
 
 
 def _rescale_with_kernel(grad: torch.Tensor, w: torch.Tensor, g: torch.Tensor,
-                         label_layout: str) -> bool:
+                         label_layout: str, bundle_dir: Optional[str] = None) -> bool:
     """``ce_rescale`` on ``grad`` in place; False when no rescale kernel is available."""
     from . import _kernels
     from ._runtime import get_runtime
 
     if grad.numel() == 0:
         return True
-    found = _rescale_kernel(grad, label_layout)
+    found = _rescale_kernel(grad, label_layout, bundle_dir)
     if found is None:
         return False
     bundle, options = found

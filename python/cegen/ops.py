@@ -99,7 +99,7 @@ class _FusedCrossEntropyFunction(torch.autograd.Function):
         # Saved (not kept as an attribute) so that a later in-place change of the logits'
         # storage is caught by autograd's version check instead of returned as gradient.
         ctx.save_for_backward(grad, weights)
-        ctx.label_layout = label_layout
+        ctx.label_layout, ctx.bundle = label_layout, bundle
         ctx.used = False
         return loss
 
@@ -125,7 +125,7 @@ def _fused_backward(ctx: Any, grad_loss: torch.Tensor, rescale: Any,
         ctx.used = True
         if upstream_is_weights(grad_loss, weights):
             return (grad,) + nones
-    rescale(grad, weights, grad_loss, ctx.label_layout)
+    rescale(grad, weights, grad_loss, ctx.label_layout, ctx.bundle)
     return (grad,) + nones
 
 
@@ -184,7 +184,7 @@ class _EagerFusedCrossEntropy(torch.autograd.Function):
             bump_version(logits)
             grad = logits.detach()
         ctx.save_for_backward(grad, weights)
-        ctx.label_layout = options.label_layout
+        ctx.label_layout, ctx.bundle = options.label_layout, options.bundle
         ctx.used = False
         return loss
 

@@ -8,7 +8,10 @@ arrives after the backward, once) is driven with a stand-in event on the CPU.
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
 import unittest
+from pathlib import Path
 from unittest import mock
 
 import _support as S
@@ -16,7 +19,7 @@ import torch
 from _fresh_logits import MakeLogits, fresh_logits
 
 import cegen
-from cegen import _gradient_status, _kernels, _library, _rescale
+from cegen import _bundle_cache, _gradient_status, _kernels, _library, _rescale
 
 
 def fused(logits, labels, weights, upstream, **options):
@@ -113,7 +116,8 @@ class TestRescaleKernel(unittest.TestCase):
     """The correction is cegen's rescale kernel (ce_rescale), not PyTorch's operations,
     wherever a bundle has it; without one the PyTorch path gives the same gradient."""
 
-    def run_case(self, offset: int, layout: str, shape, dtype):  # type: ignore[no-untyped-def]
+    def run_case(self, offset: int, layout: str, shape, dtype,  # type: ignore[no-untyped-def]
+                 **options):
         logits = S.random_logits(shape, dtype, offset=offset)
         tokens = _kernels.token_shape(shape, layout)
         labels = S.random_labels(tokens, shape[-1], offset=offset + 1)
@@ -122,7 +126,7 @@ class TestRescaleKernel(unittest.TestCase):
         pick = torch.rand(tokens, generator=S.generator(offset + 4))
         upstream = torch.where(pick < 0.5, weights, g).transpose(0, -1).contiguous() \
             .transpose(0, -1)  # strided when 2-D: any strides are the kernel's
-        _, grad = fused(logits, labels, weights, upstream, label_layout=layout)
+        _, grad = fused(logits, labels, weights, upstream, label_layout=layout, **options)
         _, ref_grad = S.reference(logits, labels, grad_loss=upstream, label_layout=layout)
         S.assert_close(self, grad, ref_grad, *S.GRAD_TOLERANCE[dtype], "gradient")
 
@@ -137,8 +141,33 @@ class TestRescaleKernel(unittest.TestCase):
                 with self.subTest(shape=shape, layout=layout, dtype=dtype):
                     self.run_case(300 + 10 * index, layout, shape, dtype)
 
+    def test_the_callers_bundle_is_searched_first(self) -> None:
+        # bundle= of the call reaches the rescale kernel's lookup too (it took the cache's
+        # alone, so a machine without ce-gen ran the PyTorch fallback).
+        ce_gen = _bundle_cache.find_ce_gen()
+        if ce_gen is None:
+            self.skipTest("no ce-gen to build a bundle of the test's own")
+        with tempfile.TemporaryDirectory() as directory:
+            subprocess.run([str(ce_gen), "--target=host", "--op=fused,rescale", "--logits=f32",
+                            "--labels=i64", "--layout=flat", "--label-smoothing=off",
+                            "--z-loss=off", "--overwrite=0", "--weights=token", "-o",
+                            directory], check=True, capture_output=True)
+            looked = []
+            original = _bundle_cache.bundle_for
+
+            def spy(key, bundle=None, target="host"):  # type: ignore[no-untyped-def]
+                looked.append((str(key), bundle))
+                return original(key, bundle, target)
+
+            with mock.patch.object(_bundle_cache, "bundle_for", spy):
+                self.run_case(410, "bs", (12, 301), torch.float32, bundle=directory)
+            rescale_lookups = [b for k, b in looked if k.startswith("op=rescale")]
+            self.assertTrue(rescale_lookups, looked)
+            self.assertEqual(str(Path(rescale_lookups[0]).resolve()),
+                             str(Path(directory).resolve()))
+
     def test_fallback_without_a_kernel(self) -> None:
-        with mock.patch.object(_rescale, "_rescale_kernel", lambda grad, layout: None), \
+        with mock.patch.object(_rescale, "_rescale_kernel", lambda grad, layout, bundle: None), \
                 mock.patch.object(_rescale, "_rescale_with_torch",
                                   wraps=_rescale._rescale_with_torch) as torch_path:
             self.run_case(400, "bs", (6, 3, 211), torch.bfloat16)
@@ -214,7 +243,7 @@ class TestZeroWeight(unittest.TestCase):
                 expected[row_of[1]] = float("nan")
                 expected[row_of[6]] = 0.0
                 with self.assertRaises(_gradient_status.ZeroWeightGradientError):
-                    _library.rescale_fused_gradient(grad, weights, upstream, layout)
+                    _library.rescale_fused_gradient(grad, weights, upstream, layout, None)
                 torch.testing.assert_close(rows, expected, equal_nan=True)
 
 

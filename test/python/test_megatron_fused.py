@@ -60,9 +60,9 @@ class Spy:
         self.calls: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self.original = _rescale.rescale_fused_gradient
 
-    def __call__(self, grad, weights, grad_loss, layout):  # type: ignore[no-untyped-def]
+    def __call__(self, grad, weights, grad_loss, layout, bundle=None):  # type: ignore[no-untyped-def]
         self.calls.append((weights.detach().clone(), grad_loss.detach().clone()))
-        return self.original(grad, weights, grad_loss, layout)
+        return self.original(grad, weights, grad_loss, layout, bundle)
 
 
 class StepTestCase(unittest.TestCase):
