@@ -47,8 +47,8 @@ async      a call made while the stream is busy returns at once (no host synchro
 probe      test/gpu/abi_probe.cu, a kernel written by hand to the ABI and built with nvcc
            here, through the numerical cases (no option values: the kernel reads none of
            its value arguments): the runtime checked apart from ce-gen. And the same
-           bundle sealed as format version 1 or 2 is refused at open, naming its version
-           and version 3 (this part runs with --device cpu too).
+           bundle sealed as an older format version (1 to 4) is refused at open, naming
+           its version and version 5 (this part runs with --device cpu too).
 
 Results go to OUT/results.json and OUT/log.txt; the last lines printed are a summary table.
 """
@@ -1274,15 +1274,19 @@ def part_large(h: Harness, seed: int, results: Dict) -> None:
 
 PROBE_KEY = ("op=forward,logits=f32,labels=i64,layout=flat,label_smoothing=off,z_loss=off,"
              "overwrite=0,weights=none")
-#: The tensor arguments of the probe's kernel; the value arguments of bundle format version 3
-#: (BundleAbi.h's kValueRoles) follow them in the manifest.
+#: The probe's bundle format version: the runtime reads only this one.
+PROBE_VERSION = 5
+#: The tensor arguments of the probe's kernel (format 4 added lse_low, format 5 the entropy
+#: and argmax); the value arguments (BundleAbi.h's kValueRoles) follow them in the manifest.
 PROBE_TENSOR_ARGS = [("logits", 2, "f32"), ("labels", 1, "i64"), ("loss", 1, "f32"),
-                     ("lse", 1, "f32"), ("status", 1, "i64")]
+                     ("lse", 1, "f32"), ("lse_low", 1, "f32"), ("entropy", 1, "f32"),
+                     ("argmax", 1, "i64"), ("status", 1, "i64")]
 PROBE_VALUE_ARGS = [("flags", 0, "i64"), ("ignore_index", 0, "i64"), ("label_smoothing", 0, "f32"),
-                    ("z_loss", 0, "f32"), ("shard_start", 0, "i64"), ("shard_vocab", 0, "i64")]
+                    ("z_loss", 0, "f32"), ("shard_start", 0, "i64"), ("shard_vocab", 0, "i64"),
+                    ("logit_scale", 0, "f32"), ("logit_softcap", 0, "f32")]
 
 
-def probe_manifest(ptx: bytes, version: int = 3) -> str:
+def probe_manifest(ptx: bytes, version: int = PROBE_VERSION) -> str:
     """The text of the probe bundle's manifest, sealed as ce-gen seals one
     (``manifest_sha256``: the SHA-256 of the text with its own 64 digits as zeros)."""
     import hashlib
@@ -1304,7 +1308,7 @@ def probe_manifest(ptx: bytes, version: int = 3) -> str:
     return text.replace(zeros, digest)
 
 
-def probe_bundle(directory: Path, ptx: bytes, version: int = 3) -> Path:
+def probe_bundle(directory: Path, ptx: bytes, version: int = PROBE_VERSION) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sm_90.ptx").write_bytes(ptx)
     (directory / "manifest.json").write_text(probe_manifest(ptx, version))
@@ -1312,34 +1316,37 @@ def probe_bundle(directory: Path, ptx: bytes, version: int = 3) -> Path:
 
 
 def probe_old_versions(h: Harness, report: Report, directory: Path, ptx: bytes) -> None:
-    """The probe's bundle, sealed but with format version 1 or 2 (kernels compiled with
-    their option values), is refused at open, the message naming its version and the one
-    this runtime reads; the version 3 bundle opens and lists the probe's kernel."""
-    for version in (1, 2):
+    """The probe's bundle, sealed but with an older format version (1 and 2: kernels
+    compiled with their option values; 3: no lse_low; 4: no entropy and argmax), is refused
+    at open, the message naming its version and the one this runtime reads; the current
+    version's bundle opens and lists the probe's kernel."""
+    for version in range(1, PROBE_VERSION):
         message = ""
         try:
             h.rt.open_bundle(probe_bundle(directory / f"v{version}", ptx, version).resolve())
         except h.cegen.BundleError as error:
             message = str(error)
-        expected = f"bundle format version {version} is older than version 3"
+        expected = f"bundle format version {version} is older than version {PROBE_VERSION}"
         report.check(expected in message, "probe", f"version-{version}-refused",
                      lambda: f"opening a version {version} bundle: expected {expected!r}, got "
                              f"{message or 'no error'}")
     listed: List = []
     try:
-        listed = h.rt.open_bundle(probe_bundle(directory / "v3", ptx).resolve()).kernels()
+        listed = h.rt.open_bundle(probe_bundle(directory / f"v{PROBE_VERSION}",
+                                               ptx).resolve()).kernels()
     except Exception as error:  # noqa: BLE001 - the manifest written here must be valid
         listed = [f"{type(error).__name__}: {error}"]
-    report.check(listed == [(PROBE_KEY, "sm_90")], "probe", "version-3-opens",
-                 lambda: f"the version 3 probe bundle lists {listed}")
+    report.check(listed == [(PROBE_KEY, "sm_90")], "probe", f"version-{PROBE_VERSION}-opens",
+                 lambda: f"the version {PROBE_VERSION} probe bundle lists {listed}")
 
 
 def part_probe(h: Harness, seed: int, results: Dict, out: Path) -> None:
     """The runtime with abi_probe.cu's kernel, written by hand: its manifest (format version
-    3) lists the value arguments after the tensors; the kernel declares only the tensors
-    (the driver reads only the parameters a kernel declares), so it computes the plain loss
-    of a call without ignore_index, smoothing, z-loss or Megatron's labels: the cases run
-    with those values. Without a GPU (or nvcc) only the version checks run."""
+    5) lists the value arguments after the tensors; the kernel declares the tensors and the
+    flags only (the driver reads only the parameters a kernel declares), so it computes the
+    plain loss of a call without ignore_index, smoothing, z-loss, a logit transform or
+    Megatron's labels (the cases run with those values), and lse_low, the entropy and the
+    argmax where the flags ask. Without a GPU (or nvcc) only the version checks run."""
     import shutil
     import subprocess
     import tempfile
