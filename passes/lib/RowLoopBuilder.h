@@ -239,12 +239,17 @@ private:
   /// The entropy sum `sum` of a state with maximum `from` and total
   /// `total` (1 + rest) moved to the maximum `to` >= `from` (scalars).
   Value moveEntropySum(Value sum, Value total, Value from, Value to);
-  /// The argmax candidates of a statistics step: `best` (i32, of the state
-  /// whose maximum was `oldMax`) updated by the vectors `xs` at `offsets`
-  /// whose maximum is `stepMax` (a branch, taken where the step reaches
-  /// the state's maximum).
-  Value stepBestIndex(Value best, Value oldMax, Value stepMax,
-                      ArrayRef<Value> xs, ArrayRef<Value> offsets);
+  /// The thread's best step (i32, the first vector's offset; INT32_MAX for
+  /// none) after a statistics step at `first` whose maximum is `stepMax`,
+  /// `bestFirst` that of the state whose maximum was `oldMax`: the lowest
+  /// step where the thread's maximum occurs.
+  Value stepBestStep(Value bestFirst, Value oldMax, Value stepMax,
+                     Value first);
+  /// The lowest index in the step at `bestFirst` (stepBestStep) of an
+  /// element equal to `rowMax`, read again from global memory where the
+  /// thread's maximum `threadMax` is the row's; else INT32_MAX.
+  Value searchBestStep(const RowRef &row, const RowRange &range,
+                       Value bestFirst, Value threadMax, Value rowMax);
   /// `best` (i32, of a state with maximum `max`) where `max` is the row's
   /// `rowMax`, else INT32_MAX.
   Value bestIndexAt(Value best, Value max, Value rowMax);

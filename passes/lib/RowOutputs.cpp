@@ -4,8 +4,9 @@
 // (flag bits 4 and 5). The statistics sweep accumulates them (its
 // `withOutputs`): per lane the entropy's sum U = sum_j t_j (x_j - m) L, t_j
 // = exp(s (x_j - m)), L = fl(s log2 e), moved with the running maximum like
-// the sum of exponentials, and per thread the lowest index of its maximum,
-// looked for only in the steps that reach it. The helpers for that live
+// the sum of exponentials, and per thread the step where its maximum first
+// occurs (scalar selects), read again for the index once the row's maximum
+// is known, by the threads that hold it. The helpers for that live
 // here, with the outputs built from them: H = log S - U ln 2 / S. A row the
 // statistics sweep a second time (|s max| >= 2^24, NaN, inf) gets its
 // outputs from a sweep of their own instead: each row's entropy of
@@ -202,41 +203,70 @@ Value RowLoopBuilder::bestIndexAt(Value best, Value max, Value rowMax) {
   return arith::SelectOp::create(b, holds, best, noIndex());
 }
 
-Value RowLoopBuilder::stepBestIndex(Value best, Value oldMax, Value stepMax,
-                                    ArrayRef<Value> xs,
-                                    ArrayRef<Value> offsets) {
-  // Rare once a thread's maximum has settled: the branch is taken where the
-  // step holds an element at least as large as every earlier one.
-  Value reaches =
-      arith::CmpFOp::create(b, arith::CmpFPredicate::OGE, stepMax, oldMax);
+Value RowLoopBuilder::stepBestStep(Value bestFirst, Value oldMax,
+                                   Value stepMax, Value first) {
+  // Scalar selects, no branch: a step that raises the thread's maximum
+  // becomes its best step, one that ties it keeps the lower of the two (the
+  // vector loops may visit a thread's steps out of order; a step's vectors
+  // all lie below the next step's).
+  Value firstIndex = arith::IndexCastOp::create(b, b.getI32Type(), first);
+  Value grew =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, stepMax, oldMax);
+  Value ties =
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, stepMax, oldMax);
+  Value kept = arith::SelectOp::create(
+      b, ties, arith::MinSIOp::create(b, bestFirst, firstIndex), bestFirst);
+  return arith::SelectOp::create(b, grew, firstIndex, kept);
+}
+
+Value RowLoopBuilder::searchBestStep(const RowRef &row, const RowRange &range,
+                                     Value bestFirst, Value threadMax,
+                                     Value rowMax) {
+  // Only a thread that holds the row's maximum and saw it in its vectors
+  // reads its best step again (`unroll` vectors, from global memory: the
+  // row cache and the ring hold other chunks by now).
   Type i32 = b.getI32Type();
+  Value holds = arith::AndIOp::create(
+      b,
+      arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, threadMax, rowMax),
+      arith::CmpIOp::create(b, arith::CmpIPredicate::ne, bestFirst,
+                            noIndex()));
   return buildIfYield(
-      b, reaches, TypeRange{i32},
+      b, holds, TypeRange{i32},
       [&] {
-        auto vectorType = cast<VectorType>(xs.front().getType());
-        auto indexType = VectorType::get(vectorType.getShape(), i32);
+        auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
+        auto indexType = VectorType::get({vectorWidth}, i32);
         auto [iota, none] = laneIndices(b, indexType);
-        Value splatMax = vector::BroadcastOp::create(b, vectorType, stepMax);
+        Value first = arith::IndexCastOp::create(b, b.getIndexType(), bestFirst);
+        Value splatMax = vector::BroadcastOp::create(b, vectorType, rowMax);
+        int64_t threadStride =
+            static_cast<int64_t>(vectorWidth) * threads.numThreads;
         Value candidates = none;
-        for (auto [x, offset] : llvm::zip_equal(xs, offsets)) {
+        // The step's vectors, as stepOffsets made them; those of a masked
+        // step past the row are not read (the first one, always in the
+        // row, is read in their place and not counted).
+        for (Value offset : stepOffsets(*this, b, first, unroll, threadStride)) {
+          Value inRow = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
+                                              offset, range.vectorEnd);
+          Value x = softcapLogits(widen(loadRawVector(
+              row, arith::SelectOp::create(b, inRow, offset, first))));
+          Value isMax = arith::AndIOp::create(
+              b,
+              arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, splatMax),
+              vector::BroadcastOp::create(
+                  b, VectorType::get({vectorWidth}, b.getI1Type()), inRow));
           Value indices = arith::AddIOp::create(
               b,
               vector::BroadcastOp::create(
                   b, indexType, arith::IndexCastOp::create(b, i32, offset)),
               iota);
-          Value isMax = arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x,
-                                              splatMax);
           candidates = arith::MinSIOp::create(
               b, candidates, arith::SelectOp::create(b, isMax, indices, none));
         }
-        Value found = vector::ReductionOp::create(
-            b, vector::CombiningKind::MINSI, candidates);
-        Value grew =
-            arith::CmpFOp::create(b, arith::CmpFPredicate::OGT, stepMax, oldMax);
-        return SmallVector<Value>{arith::SelectOp::create(
-            b, grew, found, arith::MinSIOp::create(b, best, found))};
+        return SmallVector<Value>{vector::ReductionOp::create(
+            b, vector::CombiningKind::MINSI, candidates)};
       },
-      [&] { return SmallVector<Value>{best}; })[0];
+      [&] { return SmallVector<Value>{noIndex()}; })[0];
 }
 
 RowOutputs RowLoopBuilder::buildOutputs(const RowRef &row, Value vocab,

@@ -425,7 +425,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   SmallVector<Value> inits = {f32(kNoMax), initialRest};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
-  // With the outputs, the per-lane entropy sums and the thread's argmax.
+  // With the outputs, the per-lane entropy sums and the thread's best step
+  // (where its maximum first occurs; searched once the row's is known).
   Type i32 = b.getI32Type();
   size_t outputsAt = inits.size();
   if (withOutputs)
@@ -500,8 +501,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       if (!stepMax)
         stepMax = maximumOf(b, xs);
       entropySum = state[outputsAt];
-      bestIndex = stepBestIndex(state[outputsAt + 1], state[0], stepMax, xs,
-                                offsets);
+      bestIndex = stepBestStep(state[outputsAt + 1], state[0], stepMax,
+                               offsets.front());
     }
     auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs, stepMax,
                                     withOutputs ? &entropySum : nullptr,
@@ -567,6 +568,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
 
   // The lanes share the maximum: their partial sums simply add.
   Value max = lanes[0];
+  Value vectorMax = max;
   Value rest =
       vector::ReductionOp::create(b, vector::CombiningKind::ADD, lanes[1]);
   Value sum;
@@ -578,7 +580,6 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   if (withOutputs) {
     entropySum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,
                                              lanes[outputsAt]);
-    bestIndex = lanes[outputsAt + 1];
   }
 
   // Scalar head and tail: a state of their own, merged last.
@@ -626,9 +627,6 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
         moveEntropySum(tailState[outputsAt],
                        arith::AddFOp::create(b, tailState[1], f32(1.0f)),
                        tailState[0], top));
-    bestIndex = arith::MinSIOp::create(
-        b, bestIndexAt(bestIndex, max, top),
-        bestIndexAt(tailState[outputsAt + 1], tailState[0], top));
   }
   std::tie(max, rest) =
       combineStates(max, rest, tailState[0], tailState[1]);
@@ -637,12 +635,16 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   Value threadMax = max, threadRest = rest;
   std::tie(max, rest) = allReduceState(max, rest);
   if (withOutputs) {
-    // Every thread's sums moved to the row's maximum, then added; the
-    // lowest index among the threads that hold the row's maximum.
+    // Every thread's sums moved to the row's maximum, then added.
     entropySum = allReduceSum(moveEntropySum(
         entropySum, arith::AddFOp::create(b, threadRest, f32(1.0f)),
         threadMax, max));
-    bestIndex = allReduceMinIndex(bestIndexAt(bestIndex, threadMax, max));
+    // The lowest index among the threads that hold the row's maximum: in
+    // the scalar head and tail, or in the best step of the vectors.
+    bestIndex = allReduceMinIndex(arith::MinSIOp::create(
+        b,
+        searchBestStep(row, range, lanes[outputsAt + 1], vectorMax, max),
+        bestIndexAt(tailState[outputsAt + 1], tailState[0], max)));
   }
   if (!withSum)
     return {max, rest, Value(), Value(), entropySum, bestIndex};

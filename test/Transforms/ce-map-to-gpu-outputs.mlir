@@ -4,9 +4,11 @@
 // statistics sweep is the one that also accumulates them (the other branch
 // is the plain sweep): per vector the entropy's sum e a by one FMA (the
 // exponent clamped only in masked steps: a -inf logit elsewhere makes the
-// sum NaN, and its row takes the separate sweep), and where a
-// step reaches the thread's maximum (a branch) the lowest lane index equal
-// to the step's maximum (vector minsi), the smaller one on a tie. The
+// sum NaN, and its row takes the separate sweep), and per step, by scalar
+// selects (no branch), the thread's best step: the step's first offset
+// where its maximum grew, the lower one on a tie. Once the row's maximum is
+// known, a thread that holds it in its vectors reads its best step again
+// (a branch) for the lowest lane index equal to it (vector minsi). The
 // threads' sums and smallest indices are combined (xor shuffles of the i32,
 // workgroup slots by its bits). After the loss and lse stores, a row the
 // statistics swept again exactly takes the separate outputs sweep (p log2 p
@@ -20,12 +22,16 @@
 // CHECK: %[[B5:.*]] = arith.andi %arg6, %c32_i64 : i64
 // CHECK: %[[WANT:.*]] = arith.ori
 // CHECK: %[[STATS:.*]]:5 = scf.if %[[WANT]] -> (f32, f32, f32, i32, i1) {
-// CHECK: %[[REACH:.*]] = arith.cmpf oge, %[[STEPMAX:.*]], %{{.*}} : f32
-// CHECK: scf.if %[[REACH]] -> (i32) {
-// CHECK: arith.cmpf oeq, %{{.*}} : vector<8xf32>
-// CHECK: arith.minsi %{{.*}} : vector<8xi32>
-// CHECK: vector.reduction <minsi>, %{{.*}} : vector<8xi32> into i32
-// CHECK: arith.cmpf ogt, %[[STEPMAX]], %{{.*}} : f32
+// CHECK: scf.for {{.*}} -> (f32, vector<8xf32>, vector<8xf32>, i32) {
+// CHECK: %[[STEPMAX:.*]] = vector.reduction <maximumf>
+// CHECK-NEXT: %[[FIRST:.*]] = arith.index_cast %{{.*}} : index to i32
+// CHECK-NEXT: %[[GREW:.*]] = arith.cmpf ogt, %[[STEPMAX]], %[[OLD:.*]] : f32
+// CHECK-NEXT: %[[TIE:.*]] = arith.cmpf oeq, %[[STEPMAX]], %[[OLD]] : f32
+// CHECK-NEXT: %[[LOWER:.*]] = arith.minsi %[[BEST:.*]], %[[FIRST]] : i32
+// CHECK-NEXT: %[[KEPT:.*]] = arith.select %[[TIE]], %[[LOWER]], %[[BEST]] : i32
+// CHECK-NEXT: %[[STEP:.*]] = arith.select %[[GREW]], %[[FIRST]], %[[KEPT]] : i32
+// CHECK-NOT: scf.if
+// CHECK-NOT: vector<8xi32>
 // The entropy sum's FMA takes each exponent unclamped (no maximumf between)
 // in the main loop's steps:
 // CHECK: %[[A:.*]] = math.fma %{{.*}} : vector<8xf32>
@@ -34,11 +40,22 @@
 // CHECK: %[[A2:.*]] = math.fma %{{.*}} : vector<8xf32>
 // CHECK-NEXT: %[[E2:.*]] = math.exp2 %[[A2]] : vector<8xf32>
 // CHECK-NEXT: math.fma %[[E2]], %[[A2]], %[[W]] : vector<8xf32>
+// CHECK: scf.yield %{{.*}}, %{{.*}}, %{{.*}}, %[[STEP]] : f32, vector<8xf32>, vector<8xf32>, i32
 // and clamped in a masked step (lanes past the row are -inf):
 // CHECK: %[[ME:.*]] = math.exp2 %[[MA:[0-9]+]] : vector<8xf32>
 // CHECK-NEXT: %[[CLAMPED:.*]] = arith.maximumf %[[MA]], %{{.*}} : vector<8xf32>
 // CHECK-NEXT: arith.mulf %[[ME]], %[[CLAMPED]] : vector<8xf32>
-// CHECK: %[[SH:.*]], %{{.*}} = gpu.shuffle  xor %{{.*}} : i32
+// The best step read again where the thread holds the row's maximum:
+// CHECK: %[[HOLDS:.*]] = arith.andi %{{.*}}, %{{.*}} : i1
+// CHECK-NEXT: %[[SEARCHED:.*]] = scf.if %[[HOLDS]] -> (i32) {
+// CHECK: vector.load %arg0
+// CHECK: arith.cmpf oeq, %{{.*}} : vector<8xf32>
+// CHECK: arith.minsi %{{.*}} : vector<8xi32>
+// CHECK: vector.reduction <minsi>, %{{.*}} : vector<8xi32> into i32
+// CHECK: } else {
+// CHECK-NEXT: scf.yield %[[NONE]] : i32
+// CHECK: arith.minsi %[[SEARCHED]], %{{.*}} : i32
+// CHECK-NEXT: %[[SH:.*]], %{{.*}} = gpu.shuffle  xor %{{.*}} : i32
 // CHECK: arith.minsi %{{.*}}, %[[SH]] : i32
 // CHECK: } else {
 // CHECK-NOT: gpu.shuffle  xor %{{.*}} : i32
