@@ -51,8 +51,9 @@ the slice's gradient ``G_r``. ``d weight`` (and ``d bias``) stay per rank; ``d h
 ``sum_r G_r W_r``, one all-reduce in the backward, as Megatron's output layer
 (ColumnParallelLinear) reduces its input gradient.
 
-Not covered yet: logit scale and softcap (cegen.cross_entropy has neither), sequence
-parallelism (hidden split over the sequence).
+Not covered yet: sequence parallelism (hidden split over the sequence; the Megatron patch
+all-gathers it first). The logit scale and softcap are the kernels' (``logit_scale``,
+``logit_softcap``).
 """
 
 from __future__ import annotations
