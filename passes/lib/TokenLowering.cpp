@@ -350,7 +350,8 @@ void CrossEntropyLowering::lowerToken(ShardStatsOp op, const Token &t) {
 void CrossEntropyLowering::lowerToken(FusedOp op, const Token &t) {
   // The outputs by a sweep of their own: a second copy of the statistics
   // sweep costs the fused kernel's plain path its occupancy (16384x32000
-  // fused_ow 0.591 ms against 0.521 ms on the H200, 2026-12-02).
+  // fused_ow 0.591 ms against 0.521 ms on the H200, 2026-12-02; with the
+  // best-step argmax still up to 4 %, 2026-12-03, branch fused-outputs).
   TokenForward forward =
       buildLossAndLse(t, op.getLoss(), op.getLse(), op.getLseLow(),
                       op.getEntropy(), op.getArgmax(),
