@@ -1,0 +1,131 @@
+"""Kernel-level cost of the forward's lse/entropy/argmax outputs (issue 17): for each bundle given,
+the forward kernel with and without the outputs on the same inputs, side by side per shape, against
+the one-read floor; optionally the fused (overwrite) kernel of each --fused bundle.
+
+Each time is per call: 20 back-to-back calls of cegen's kernel entry (``cegen._kernels.forward`` /
+``fused``) between two CUDA events, the median of 7 such loops (the host enqueues faster than the
+kernels run, so this is the kernels' time, not the API's; bench/api_bench.py times the public API).
+Prints a markdown table; with --plot PATH also draws it (matplotlib, where available).
+
+Usage (GPU machine; bundles with the flat bf16 forward kernel, e.g. ce-gen --target=sm_90 --op=forward
+--logits=bf16 --labels=i64 --layout=flat --label-smoothing=off --z-loss=off --overwrite=0
+--weights=token -o DIR):
+    python3 bench/outputs_ab.py --runtime .dev/lib/libce_runtime.so --bundles A B [--fused F G]
+On the host (a dry run of the harness): --device cpu --shapes 64x1000 with host bundles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+DEFAULT_SHAPES = "8192x128256,16384x32000,4096x151936,8192x50304,32768x128256"
+HBM_BYTES_PER_S = 4.8e12  # the H200's peak, as docs/PERFORMANCE.md's floors
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runtime", default=None)
+    parser.add_argument("--bundles", nargs="+", required=True, help="forward bundles to compare")
+    parser.add_argument("--fused", nargs="*", default=[], help="fused (overwrite) bundles")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--plot", default=None, help="PNG of the forward's ratios per shape")
+    args = parser.parse_args()
+
+    import torch
+
+    import cegen
+    from cegen import _kernels
+
+    if args.runtime:
+        cegen.set_runtime_library(args.runtime)
+    cegen.configure(bundle_dirs=[], run_ce_gen=False)
+    cuda = args.device == "cuda"
+    dev = torch.device(args.device)
+
+    def timed(fn, calls: int = 20, loops: int = 7) -> float:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        samples = []
+        for _ in range(loops):
+            if cuda:
+                begin = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(calls):
+                    fn()
+                end.record()
+                torch.cuda.synchronize()
+                samples.append(begin.elapsed_time(end) / calls)
+            else:
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                samples.append((time.perf_counter() - start) * 1e3 / calls)
+        return statistics.median(samples)
+
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {name}; torch "
+          f"{torch.__version__}; ms per call (20 back-to-back calls, median of 7)")
+    header = ["shape", "floor ms"]
+    for bundle in args.bundles:
+        header += [f"{bundle} fwd", f"{bundle} +outputs", "ratio"]
+    header += [f"{bundle} fused_ow" for bundle in args.fused]
+    print("| " + " | ".join(header) + " |")
+    print("|---|" + "---:|" * (len(header) - 1))
+    ratios = {bundle: [] for bundle in args.bundles}
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    for tokens, vocab in shapes:
+        torch.manual_seed(tokens + vocab)
+        x = torch.randn(tokens, vocab, device=dev, dtype=torch.bfloat16) * 2
+        y = torch.randint(0, vocab, (tokens,), device=dev)
+        w = torch.full((tokens,), 1.0 / tokens, device=dev)
+        cells = [f"{tokens}x{vocab}", f"{tokens * vocab * 2 / HBM_BYTES_PER_S * 1e3:.3f}"]
+        for bundle in args.bundles:
+            options = _kernels.KernelOptions(bundle=bundle)
+            plain = timed(lambda: _kernels.forward(x, y, options, low=True))
+            outputs = timed(lambda: _kernels.forward(x, y, options, low=True, entropy=True,
+                                                     argmax=True))
+            ratios[bundle].append(outputs / plain)
+            cells += [f"{plain:.3f}", f"{outputs:.3f}", f"**{outputs / plain:.3f}**"]
+        for bundle in args.fused:
+            options = _kernels.KernelOptions(bundle=bundle)
+            cells.append(f"{timed(lambda: _kernels.fused(x, y, w, options, overwrite=True)):.3f}")
+        print("| " + " | ".join(cells) + " |", flush=True)
+        del x
+        if cuda:
+            torch.cuda.empty_cache()
+    if args.plot:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except Exception as error:  # noqa: BLE001  (the table is the result; the plot optional)
+            print(f"no plot: matplotlib unavailable ({error})")
+            return 0
+        figure, axes = plt.subplots(figsize=(8, 4))
+        width = 0.8 / len(args.bundles)
+        for k, bundle in enumerate(args.bundles):
+            axes.bar([i + k * width for i in range(len(shapes))], ratios[bundle], width,
+                     label=bundle)
+        axes.axhline(1.05, color="red", linestyle="--", label="target 1.05")
+        axes.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+        axes.set_xticklabels([f"{t}x{v}" for t, v in shapes], fontsize=8)
+        axes.set_ylabel("forward + outputs / forward")
+        axes.set_title(f"forward with lse, entropy, argmax ({name})")
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
