@@ -4,7 +4,9 @@ the one-read floor; optionally the fused (overwrite) kernel of each --fused bund
 
 Each time is per call: 20 back-to-back calls of cegen's kernel entry (``cegen._kernels.forward`` /
 ``fused``) between two CUDA events, the median of 7 such loops (the host enqueues faster than the
-kernels run, so this is the kernels' time, not the API's; bench/api_bench.py times the public API).
+kernels run, so this is the kernels' time, not the API's; bench/api_bench.py times the public API),
+after 1.5 s of warm-up, the loops with and without the outputs interleaved (an idle GPU's first
+second of load runs at lower clocks).
 Prints a markdown table; with --plot PATH also draws it (matplotlib, where available).
 
 Usage (GPU machine; bundles with the flat bf16 forward kernel, e.g. ce-gen --target=sm_90 --op=forward
@@ -49,31 +51,51 @@ def main() -> int:
     cuda = args.device == "cuda"
     dev = torch.device(args.device)
 
-    def timed(fn, calls: int = 20, loops: int = 7) -> float:
-        fn()
+    def loop_ms(fn, calls: int) -> float:
+        """ms per call of `calls` back-to-back calls."""
         if cuda:
+            begin = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(calls):
+                fn()
+            end.record()
             torch.cuda.synchronize()
-        samples = []
-        for _ in range(loops):
+            return begin.elapsed_time(end) / calls
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - start) * 1e3 / calls
+
+    def warm(fns, seconds: float) -> None:
+        """Runs `fns` in turn for about `seconds`: an idle H200 starts at a low SM clock, and
+        its first second of full load runs under the driver's software power cap (clocks of
+        1500-1965 MHz, nvidia-smi's clocks_event_reasons 0x4; docs/perf-log/
+        2026-12-03-1711-softcap-exp-api-peers.md), which slows a compute-bound kernel more
+        than a memory-bound one."""
+        deadline = time.perf_counter() + (seconds if cuda else 0.0)
+        while True:
+            for fn in fns:
+                fn()
             if cuda:
-                begin = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                begin.record()
-                for _ in range(calls):
-                    fn()
-                end.record()
                 torch.cuda.synchronize()
-                samples.append(begin.elapsed_time(end) / calls)
-            else:
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                samples.append((time.perf_counter() - start) * 1e3 / calls)
-        return statistics.median(samples)
+            if time.perf_counter() >= deadline:
+                return
+
+    def timed(*fns, calls: int = 20, loops: int = 7) -> list:
+        """Median ms per call of each of `fns`, after a warm-up, their loops interleaved (A B A
+        B ...) so that each sees the same clocks."""
+        warm(fns, 1.5)
+        samples = [[] for _ in fns]
+        for _ in range(loops):
+            for k, fn in enumerate(fns):
+                samples[k].append(loop_ms(fn, calls))
+        return [statistics.median(one) for one in samples]
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {name}; torch "
-          f"{torch.__version__}; ms per call (20 back-to-back calls, median of 7)")
+          f"{torch.__version__}; ms per call (20 back-to-back calls, median of 7, after 1.5 s "
+          f"of warm-up, with and without the outputs interleaved)")
     header = ["shape", "floor ms"]
     for bundle in args.bundles:
         header += [f"{bundle} fwd", f"{bundle} +outputs", "ratio"]
@@ -90,14 +112,15 @@ def main() -> int:
         cells = [f"{tokens}x{vocab}", f"{tokens * vocab * 2 / HBM_BYTES_PER_S * 1e3:.3f}"]
         for bundle in args.bundles:
             options = _kernels.KernelOptions(bundle=bundle)
-            plain = timed(lambda: _kernels.forward(x, y, options, low=True))
-            outputs = timed(lambda: _kernels.forward(x, y, options, low=True, entropy=True,
-                                                     argmax=True))
+            plain, outputs = timed(
+                lambda: _kernels.forward(x, y, options, low=True),
+                lambda: _kernels.forward(x, y, options, low=True, entropy=True, argmax=True))
             ratios[bundle].append(outputs / plain)
             cells += [f"{plain:.3f}", f"{outputs:.3f}", f"**{outputs / plain:.3f}**"]
         for bundle in args.fused:
             options = _kernels.KernelOptions(bundle=bundle)
-            cells.append(f"{timed(lambda: _kernels.fused(x, y, w, options, overwrite=True)):.3f}")
+            fused_ms, = timed(lambda: _kernels.fused(x, y, w, options, overwrite=True))
+            cells.append(f"{fused_ms:.3f}")
         print("| " + " | ".join(cells) + " |", flush=True)
         del x
         if cuda:

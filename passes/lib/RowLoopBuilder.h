@@ -141,15 +141,14 @@ public:
   void setLogitSoftcap(Value cap, Value scale);
   /// The softcap, or null.
   Value getLogitSoftcap() const { return softcap; }
-  /// z of `x` (scalar or vector): cap tanh(x fl(s / cap)), `x` itself
-  /// without a softcap.
+  /// z of `x` (scalar or vector): cap tanh(s x / cap) as cap - 2 cap r
+  /// (softcapComplement), `x` itself without a softcap.
   Value softcapLogits(Value x);
-  /// z and dz/dx = s (1 - t^2) of `x`, from the same t (needs a softcap).
+  /// z and dz/dx = s (1 - t^2) = 4 s r (1 - r) of `x`, from the same r
+  /// (needs a softcap).
   std::pair<Value, Value> softcapWithSlope(Value x);
   /// dz/dx of `x` (needs a softcap).
   Value softcapSlope(Value x);
-  /// f32 tanh (scalar or vector) to a few ulps, NaN kept.
-  Value buildTanh(Value y);
 
   /// `diff * s` (scalar or vector), `diff` without a scale.
   Value scaleLogits(Value diff);
@@ -384,9 +383,13 @@ private:
   Value logitScaleLog2E; ///< f32 fl(s log2 e), with logitScale
   Value softcap;         ///< f32 cap, or null
   Value softcapScale;    ///< f32 s of a softcap, or null for 1
-  Value softcapInner;    ///< f32 fl(s / cap), with softcap
-  /// tanh(x fl(s / cap)).
-  Value softcapTanh(Value x);
+  Value softcapInner;    ///< f32 k = fl(s / cap) 2 log2 e, with softcap
+  Value softcapNegTwoCap; ///< f32 -2 cap, with softcap
+  Value softcapFourScale; ///< f32 4 s, with softcap
+  /// r = 1 / (1 + 2^(x k)) = (1 - tanh(s x / cap)) / 2, in [0, 1].
+  Value softcapComplement(Value x);
+  /// z = cap - 2 cap r of r = softcapComplement(x).
+  Value softcapFromComplement(Value r);
   /// loadElement, then softcapLogits.
   Value loadLogit(const RowRef &row, Value index) {
     return softcapLogits(loadElement(row, index));

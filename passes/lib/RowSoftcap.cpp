@@ -1,9 +1,10 @@
 //===- RowSoftcap.cpp - The logit softcap of the row lowering -------------===//
 //
 // The logit softcap z = cap tanh(s x / cap) applied to every loaded element
-// of a softcap kernel, its chain-rule factor dz/dx = s (1 - t^2), and the
-// f32 tanh they are built from (a rational approximation, arithmetic and
-// one approximate division only: no tanh.approx, no libdevice/ocml call).
+// of a softcap kernel, and its chain-rule factor dz/dx = s (1 - t^2), both
+// from r = 1 / (1 + e^(2 s x / cap)): z = cap - 2 cap r, dz/dx = 4 s r (1 - r).
+// One exp2 and one approximate reciprocal an element (no tanh.approx, no
+// libdevice/ocml call); z is within a few 2^-24 of the cap of z in float64.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,32 +19,20 @@ using namespace mlir;
 using namespace mlir::ce;
 using namespace mlir::ce::detail;
 
-namespace {
-/// tanh(y) = y P(y^2) / Q(y^2) for |y| <= kTanhClamp, fitted for this
-/// project (iteratively reweighted least squares on the relative error over
-/// [0, 9], coefficients rounded to f32). Evaluated in f32 with FMAs its
-/// error is at most 5.2 ulps over a dense sweep of [-12, 12] and powers of 2
-/// down to 2^-119 (relative accuracy near 0 included); |t| may exceed 1 by
-/// one ulp, and t(+-9) = +-1 in f32, so the clamp is exact past it.
-constexpr float kTanhClamp = 9.0f;
-constexpr float kTanhP[] = {1.0f,
-                            0.13084013760089874f,
-                            0.003103959606960416f,
-                            1.1154344065289479e-05f,
-                            -2.0225375152449487e-08f,
-                            5.2780238513072675e-11f,
-                            -8.488912697779405e-14f};
-constexpr float kTanhQ[] = {1.0f, 0.46417340636253357f, 0.024495191872119904f,
-                            0.0002546150062698871f};
-} // namespace
-
 void RowLoopBuilder::setLogitSoftcap(Value cap, Value scale) {
   softcap = cap;
   softcapScale = scale;
-  // y = x fl(s / cap): two roundings, a relative error tanh does not grow.
-  softcapInner =
-      cap ? arith::DivFOp::create(b, scale ? scale : f32(1.0f), cap).getResult()
-          : Value();
+  if (!cap) {
+    softcapInner = softcapNegTwoCap = softcapFourScale = Value();
+    return;
+  }
+  Value s = scale ? scale : f32(1.0f);
+  // k = fl(fl(s / cap) fl(2 log2 e)): 2^(x k) = e^(2 s x / cap) to three
+  // roundings of the exponent.
+  softcapInner = arith::MulFOp::create(b, arith::DivFOp::create(b, s, cap),
+                                       f32(2.0f * kLog2E));
+  softcapNegTwoCap = arith::MulFOp::create(b, cap, f32(-2.0f));
+  softcapFourScale = arith::MulFOp::create(b, s, f32(4.0f));
 }
 
 /// `scalar` shaped like `like` (a broadcast for vectors).
@@ -53,54 +42,48 @@ static Value shapedLike(ImplicitLocOpBuilder &b, Value scalar, Type like) {
   return scalar;
 }
 
-Value RowLoopBuilder::buildTanh(Value y) {
-  Type type = y.getType();
-  // NaN propagates through the clamp (minimumf/maximumf); +-inf clamps.
-  Value clamped = arith::MaximumFOp::create(
-      b, arith::MinimumFOp::create(b, y, f32(kTanhClamp, type)),
-      f32(-kTanhClamp, type));
-  Value u = arith::MulFOp::create(b, clamped, clamped);
-  auto horner = [&](ArrayRef<float> coefficients) {
-    Value acc = f32(coefficients.back(), type);
-    for (float c : llvm::reverse(coefficients.drop_back()))
-      acc = math::FmaOp::create(b, acc, u, f32(c, type));
-    return acc;
-  };
-  Value numerator = arith::MulFOp::create(b, clamped, horner(kTanhP));
-  // The division may be approximate (afn): on NVIDIA div.approx.f32 (a
-  // reciprocal and a multiply, at most 2 ulps for Q in [1, 339]), on AMD
-  // v_rcp_f32 and a multiply, instead of a correctly rounded division's
-  // Newton steps and range checks, which cost as much as the polynomials;
-  // the host's division stays exact. tanh is then within 7.2 ulps.
+Value RowLoopBuilder::softcapComplement(Value x) {
+  Type type = x.getType();
+  // E = 2^(x k): +inf past 2^128 (r = 0, z = cap), 0 below 2^-126 (r = 1,
+  // z = -cap); NaN stays NaN. The reciprocal may be approximate (afn): on
+  // NVIDIA rcp.approx.f32, on AMD v_rcp_f32 (one ulp), where a correctly
+  // rounded division's Newton steps and range checks would cost as much as
+  // the rest of the softcap; the host's stays exact. Where E is near 1 the
+  // sum 1 + E rounds to half an ulp of 1, so r, and z - cap, are accurate
+  // to a few 2^-24 absolute, not relative: z is within about 6 ulps of the
+  // cap (2^-24 cap) of z in float64 everywhere, which is what the softmax,
+  // the loss and the gradient see (an absolute error of z is a relative one
+  // of exp(z)).
+  Value e = math::Exp2Op::create(
+      b, arith::MulFOp::create(b, x, shapedLike(b, softcapInner, type)));
+  Value one = f32(1.0f, type);
   return arith::DivFOp::create(
-      b, numerator, horner(kTanhQ),
+      b, one, arith::AddFOp::create(b, e, one),
       arith::FastMathFlagsAttr::get(b.getContext(), arith::FastMathFlags::afn));
-}
-
-Value RowLoopBuilder::softcapTanh(Value x) {
-  return buildTanh(
-      arith::MulFOp::create(b, x, shapedLike(b, softcapInner, x.getType())));
 }
 
 Value RowLoopBuilder::softcapLogits(Value x) {
   if (!softcap)
     return x;
-  return arith::MulFOp::create(b, softcapTanh(x),
-                               shapedLike(b, softcap, x.getType()));
+  return softcapFromComplement(softcapComplement(x));
+}
+
+Value RowLoopBuilder::softcapFromComplement(Value r) {
+  Type type = r.getType();
+  // z = cap (1 - 2 r) = cap - 2 cap r in one rounding.
+  return math::FmaOp::create(b, r, shapedLike(b, softcapNegTwoCap, type),
+                             shapedLike(b, softcap, type));
 }
 
 std::pair<Value, Value> RowLoopBuilder::softcapWithSlope(Value x) {
   Type type = x.getType();
-  Value t = softcapTanh(x);
-  Value z = arith::MulFOp::create(b, t, shapedLike(b, softcap, type));
-  // 1 - t^2 in one rounding; at least 0 (|t| may pass 1 by an ulp).
-  Value slope = arith::MaximumFOp::create(
-      b,
-      math::FmaOp::create(b, arith::NegFOp::create(b, t), t, f32(1.0f, type)),
-      f32(0.0f, type));
-  if (softcapScale)
-    slope = arith::MulFOp::create(b, slope, shapedLike(b, softcapScale, type));
-  return {z, slope};
+  Value r = softcapComplement(x);
+  // 1 - t^2 = (1 - t)(1 + t) = 2 r 2 (1 - r): r - r^2 in one rounding, in
+  // [0, 1/4] for r in [0, 1] (no clamp needed), then times 4 s.
+  Value product = math::FmaOp::create(b, arith::NegFOp::create(b, r), r, r);
+  Value slope = arith::MulFOp::create(
+      b, product, shapedLike(b, softcapFourScale, type));
+  return {softcapFromComplement(r), slope};
 }
 
 Value RowLoopBuilder::softcapSlope(Value x) {

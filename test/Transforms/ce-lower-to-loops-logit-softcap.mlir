@@ -1,25 +1,25 @@
 // RUN: ce-opt %s --ce-lower-to-loops --canonicalize --split-input-file | FileCheck %s
 
-// The logit softcap z = cap tanh(s x / cap) (run-time f32s s and cap): k =
-// s / cap once per op; each loaded element y = x k is clamped to [-9, 9]
-// (NaN kept), t = y P(y^2) / Q(y^2) (six and three FMAs, one division,
-// approximate: afn) and z = t cap, before the online softmax, which then
-// runs with no scale.
+// The logit softcap z = cap tanh(s x / cap) (run-time f32s s and cap) as
+// z = cap - 2 cap r, r = 1 / (1 + 2^(x k)): k = fl(s / cap) 2 log2 e and
+// -2 cap once per op; per loaded element a multiply, an exp2, an add, one
+// approximate reciprocal (afn) and one FMA, before the online softmax, which
+// then runs with no scale.
 
 // CHECK-LABEL: func.func @forward_softcap
 // CHECK-SAME: %[[S:[^:]*]]: f32, %[[CAP:[^:]*]]: f32)
-// CHECK: %[[K:.*]] = arith.divf %[[S]], %[[CAP]] : f32
+// CHECK: %[[Q:.*]] = arith.divf %[[S]], %[[CAP]] : f32
+// CHECK: %[[K:.*]] = arith.mulf %[[Q]], %{{.*}} : f32
+// CHECK: %[[N2C:.*]] = arith.mulf %[[CAP]], %{{.*}} : f32
 // CHECK: scf.for
 // CHECK: %[[KV:.*]] = vector.broadcast %[[K]] : f32 to vector<8xf32>
 // CHECK: %[[Y:.*]] = arith.mulf %{{.*}}, %[[KV]] : vector<8xf32>
-// CHECK: %[[LO:.*]] = arith.minimumf %[[Y]], %{{.*}} : vector<8xf32>
-// CHECK: %[[C:.*]] = arith.maximumf %[[LO]], %{{.*}} : vector<8xf32>
-// CHECK: %[[U:.*]] = arith.mulf %[[C]], %[[C]] : vector<8xf32>
-// CHECK-COUNT-6: math.fma %{{.*}}, %[[U]], %{{.*}} : vector<8xf32>
-// CHECK: %[[NUM:.*]] = arith.mulf %[[C]], %{{.*}} : vector<8xf32>
-// CHECK-COUNT-3: math.fma %{{.*}}, %[[U]], %{{.*}} : vector<8xf32>
-// CHECK: %[[T:.*]] = arith.divf %[[NUM]], %{{.*}} fastmath<afn> : vector<8xf32>
-// CHECK: arith.mulf %[[T]], %{{.*}} : vector<8xf32>
+// CHECK: %[[E:.*]] = math.exp2 %[[Y]] : vector<8xf32>
+// CHECK: %[[E1:.*]] = arith.addf %[[E]], %[[ONE:.*]] : vector<8xf32>
+// CHECK: %[[R:.*]] = arith.divf %[[ONE]], %[[E1]] fastmath<afn> : vector<8xf32>
+// CHECK: %[[CV:.*]] = vector.broadcast %[[CAP]] : f32 to vector<8xf32>
+// CHECK: %[[NV:.*]] = vector.broadcast %[[N2C]] : f32 to vector<8xf32>
+// CHECK: math.fma %[[R]], %[[NV]], %[[CV]] : vector<8xf32>
 // CHECK: math.exp2
 func.func @forward_softcap(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>, %s: f32, %cap: f32) {
   ce.forward %x, %y into %loss, %lse logit_scale(%s) logit_softcap(%cap) layout = flat : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
@@ -40,29 +40,29 @@ func.func @forward_no_softcap(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: mem
 
 // -----
 
-// The gradient sweep: from the same t, dz/dx = s max(1 - t^2, 0) (one FMA),
-// exp of z - lse, and the element's gradient times dz/dx (the chain rule).
-// The target term is multiplied by dz/dx at x_y too.
+// The gradient sweep: from the same r, dz/dx = 4 s r (1 - r) as
+// fma(-r, r, r) times 4 s (no clamp: r is in [0, 1]), exp of z - lse, and
+// the element's gradient times dz/dx (the chain rule). The target term is
+// multiplied by dz/dx at x_y too.
 
 // CHECK-LABEL: func.func @backward_softcap
 // CHECK-SAME: %[[S:[^:]*]]: f32, %[[CAP:[^:]*]]: f32)
 // CHECK: arith.divf %[[S]], %[[CAP]] : f32
-// CHECK: %[[TY:.*]] = arith.divf %{{.*}}, %{{.*}} : f32
-// CHECK: %[[NTY:.*]] = arith.negf %[[TY]] : f32
-// CHECK: %[[ONEY:.*]] = math.fma %[[NTY]], %[[TY]], %{{.*}} : f32
-// CHECK: %[[POSY:.*]] = arith.maximumf %[[ONEY]], %{{.*}} : f32
-// CHECK: %[[SLOPEY:.*]] = arith.mulf %[[POSY]], %[[S]] : f32
+// CHECK: %[[S4:.*]] = arith.mulf %[[S]], %{{.*}} : f32
+// CHECK: %[[RY:.*]] = arith.divf %{{.*}}, %{{.*}} fastmath<afn> : f32
+// CHECK: %[[NRY:.*]] = arith.negf %[[RY]] : f32
+// CHECK: %[[PY:.*]] = math.fma %[[NRY]], %[[RY]], %[[RY]] : f32
+// CHECK: %[[SLOPEY:.*]] = arith.mulf %[[PY]], %[[S4]] : f32
 // CHECK: scf.for
-// CHECK: %[[T:.*]] = arith.divf %{{.*}}, %{{.*}} : vector<8xf32>
-// CHECK: %[[Z:.*]] = arith.mulf %[[T]], %{{.*}} : vector<8xf32>
-// CHECK: %[[NT:.*]] = arith.negf %[[T]] : vector<8xf32>
-// CHECK: %[[ONE:.*]] = math.fma %[[NT]], %[[T]], %{{.*}} : vector<8xf32>
-// CHECK: %[[POS:.*]] = arith.maximumf %[[ONE]], %{{.*}} : vector<8xf32>
-// CHECK: %[[SV:.*]] = vector.broadcast %[[S]] : f32 to vector<8xf32>
-// CHECK: %[[SLOPE:.*]] = arith.mulf %[[POS]], %[[SV]] : vector<8xf32>
+// CHECK: %[[R:.*]] = arith.divf %{{.*}}, %{{.*}} fastmath<afn> : vector<8xf32>
+// CHECK: %[[NR:.*]] = arith.negf %[[R]] : vector<8xf32>
+// CHECK: %[[P:.*]] = math.fma %[[NR]], %[[R]], %[[R]] : vector<8xf32>
+// CHECK: %[[SV:.*]] = vector.broadcast %[[S4]] : f32 to vector<8xf32>
+// CHECK: %[[SLOPE:.*]] = arith.mulf %[[P]], %[[SV]] : vector<8xf32>
+// CHECK: %[[Z:.*]] = math.fma %[[R]], %{{.*}}, %{{.*}} : vector<8xf32>
 // CHECK: arith.subf %[[Z]], %{{.*}} : vector<8xf32>
-// CHECK: %[[P:.*]] = math.exp2 %{{.*}} : vector<8xf32>
-// CHECK: %[[G:.*]] = math.fma %[[P]], %{{.*}}, %{{.*}} : vector<8xf32>
+// CHECK: %[[EP:.*]] = math.exp2 %{{.*}} : vector<8xf32>
+// CHECK: %[[G:.*]] = math.fma %[[EP]], %{{.*}}, %{{.*}} : vector<8xf32>
 // CHECK: %[[DX:.*]] = arith.mulf %[[G]], %[[SLOPE]] : vector<8xf32>
 // CHECK: vector.store %[[DX]]
 // CHECK: arith.mulf %{{.*}}, %[[SLOPEY]] : f32

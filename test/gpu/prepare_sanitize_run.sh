@@ -28,8 +28,8 @@ mkdir -p "$DIR"
 # token-weights kernel of issue 23, item 13.
 "$CE_GEN" --target=sm_90 -o "$DIR/plain" --op=forward,backward,fused --logits=bf16 \
   --labels=i64 --layout=flat --label-smoothing=off --z-loss=off --overwrite=0 --weights=token
-# The logit-softcap kernels (tanh with its approximate division; the cap a run-time argument):
-# every op, overwrite on and off, bf16 and f32 logits, flat and [S,B,V] rows.
+# The logit-softcap kernels (z from an exp2 and an approximate reciprocal; the cap a run-time
+# argument): every op, overwrite on and off, bf16 and f32 logits, flat and [S,B,V] rows.
 "$CE_GEN" --target=sm_90 -o "$DIR/softcap" --op=forward,backward,fused --logits=bf16,f32 \
   --labels=i64 --layout=flat,sbv_bs --label-smoothing=off --z-loss=off --overwrite=0,1 \
   --weights=token --softcap=on

@@ -173,8 +173,8 @@ class Key:
 
     def z_atol(self) -> float:
         """How far an f32 z of a softcap kernel may be from float64's: 16 ulps of the cap
-        (tanh to 5.2 ulps with an exact division, 7.2 with the GPUs' approximate one, and
-        the roundings of s x / cap and of cap t; docs/lowering.md); 0 without."""
+        (z = cap - 2 cap r, r = 1 / (1 + 2^(x k)), within about 6 ulps of the cap with the
+        GPUs' approximate exp2 and reciprocal; docs/lowering.md); 0 without."""
         return self.logit_softcap * 2.0 ** -20 if self.softcap_on else 0.0
 
     def values_text(self) -> str:

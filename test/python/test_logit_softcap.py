@@ -42,9 +42,9 @@ CASES = tuple((_f32(s), _f32(c)) for s, c in ((1.0, 30.0), (1.0, 2.0), (2.5, 15.
 
 
 def _tolerances(dtype: torch.dtype, scale: float, cap: float):
-    """S's tolerances plus what an f32 z of a few ulps costs: ``cap 2^-21`` absolute in the
-    loss, and ``s cap 2^-19`` in the gradient's units (docs/lowering.md, "The logit
-    softcap")."""
+    """S's tolerances plus what an f32 z within a few ulps of the cap costs: ``cap 2^-21``
+    absolute in the loss, and ``s cap 2^-19`` in the gradient's units (docs/lowering.md,
+    "The logit softcap")."""
     rtol, atol = S.LOSS_TOLERANCE[dtype]
     grad_rtol, grad_atol = S.GRAD_TOLERANCE[dtype]
     return ((rtol, atol + cap * 2.0 ** -21),
