@@ -46,9 +46,13 @@ CASES = [
     ShardCase("slice7-of-21", 5, 3, 7, 3, 1),
     ShardCase("slice600-of-1800-first", 4, 2, 600, 3, 0),
     ShardCase("slice1500-of-3000-last", 3, 2, 1500, 2, 1),
+    # Longer than one step of a 256-thread workgroup (256 x 8 bf16 = 2048): every wave holds
+    # elements, so the last wave's partial sums count in the cross-wave reduction (the shorter
+    # slices leave it at 0, and an add of it turned into a subtract went unnoticed).
+    ShardCase("slice2500-of-5000-last", 2, 2, 2500, 2, 1),
 ]
 #: ``--set smoke``'s cases.
-SMOKE_CASES = ["slice7-of-21", "slice600-of-1800-first"]
+SMOKE_CASES = ["slice7-of-21", "slice600-of-1800-first", "slice2500-of-5000-last"]
 
 
 def parse_key(text: str) -> dict:
