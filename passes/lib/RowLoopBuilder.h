@@ -336,6 +336,11 @@ private:
   /// Elements one chunk of the vector loop covers: the workgroup's threads
   /// times `unroll` vectors.
   int64_t chunkSize() const;
+  /// Elements between a thread's consecutive vectors of a step: vector width
+  /// times the workgroup size (a chunk is `unroll` of them).
+  int64_t threadStride() const;
+  /// The offsets of a thread's `unroll` vectors in the step at `first`.
+  SmallVector<Value, 8> stepOffsets(Value first);
   /// Builds this thread's share of the vector part of a sweep: chunks of
   /// `unroll` vectors, then the vectors left. `lastFirst` (GPUs): the
   /// vectors left, then the chunks from last to first.

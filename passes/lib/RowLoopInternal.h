@@ -45,10 +45,6 @@ SmallVector<Value> buildIfYield(ImplicitLocOpBuilder &b, Value condition,
                                 function_ref<SmallVector<Value>()> thenBody,
                                 function_ref<SmallVector<Value>()> elseBody);
 
-/// The offsets of a thread's `unroll` vectors in the step at `first`.
-SmallVector<Value, 8> stepOffsets(RowLoopBuilder &rows, ImplicitLocOpBuilder &b,
-                                  Value first, unsigned unroll, int64_t stride);
-
 } // namespace mlir::ce::detail
 
 #endif // CE_TRANSFORMS_ROWLOOPINTERNAL_H

@@ -46,6 +46,15 @@ static std::pair<Value, Value> laneIndices(ImplicitLocOpBuilder &b,
   return {iota, none};
 }
 
+/// The indices of the vector at `offset` (index type): offset + (0, 1, ..,
+/// W - 1) as i32, `iota` from laneIndices.
+static Value vectorIndices(ImplicitLocOpBuilder &b, Value offset, Value iota) {
+  auto indexType = cast<VectorType>(iota.getType());
+  Value first = arith::IndexCastOp::create(b, indexType.getElementType(), offset);
+  return arith::AddIOp::create(
+      b, vector::BroadcastOp::create(b, indexType, first), iota);
+}
+
 RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
                                              Value rowMax, Value logSum) {
   // One vector per thread and step: the sweep's registers (loads, the Kahan
@@ -127,9 +136,7 @@ RowOutputs RowLoopBuilder::buildOutputsSweep(const RowRef &row, Value vocab,
           xs.push_back(softcapLogits(widen(loadRawVector(row, offset))));
         Value sum = state[0], lost = state[1], best = state[2];
         for (auto [k, x] : llvm::enumerate(xs)) {
-          Value indices = arith::AddIOp::create(
-              b, vector::BroadcastOp::create(b, indexType, toI32(offsets[k])),
-              iota);
+          Value indices = vectorIndices(b, offsets[k], iota);
           auto [term, candidate] = terms(x, indices, vectorType, indexType);
           if (!valid.empty()) {
             term = arith::SelectOp::create(b, valid[k], term,
@@ -239,13 +246,11 @@ Value RowLoopBuilder::searchBestStep(const RowRef &row, const RowRange &range,
         auto [iota, none] = laneIndices(b, indexType);
         Value first = arith::IndexCastOp::create(b, b.getIndexType(), bestFirst);
         Value splatMax = vector::BroadcastOp::create(b, vectorType, rowMax);
-        int64_t threadStride =
-            static_cast<int64_t>(vectorWidth) * threads.numThreads;
         Value candidates = none;
         // The step's vectors, as stepOffsets made them; those of a masked
         // step past the row are not read (the first one, always in the
         // row, is read in their place and not counted).
-        for (Value offset : stepOffsets(*this, b, first, unroll, threadStride)) {
+        for (Value offset : stepOffsets(first)) {
           Value inRow = arith::CmpIOp::create(b, arith::CmpIPredicate::ult,
                                               offset, range.vectorEnd);
           Value x = softcapLogits(widen(loadRawVector(
@@ -255,13 +260,10 @@ Value RowLoopBuilder::searchBestStep(const RowRef &row, const RowRange &range,
               arith::CmpFOp::create(b, arith::CmpFPredicate::OEQ, x, splatMax),
               vector::BroadcastOp::create(
                   b, VectorType::get({vectorWidth}, b.getI1Type()), inRow));
-          Value indices = arith::AddIOp::create(
-              b,
-              vector::BroadcastOp::create(
-                  b, indexType, arith::IndexCastOp::create(b, i32, offset)),
-              iota);
           candidates = arith::MinSIOp::create(
-              b, candidates, arith::SelectOp::create(b, isMax, indices, none));
+              b, candidates,
+              arith::SelectOp::create(b, isMax, vectorIndices(b, offset, iota),
+                                      none));
         }
         return SmallVector<Value>{vector::ReductionOp::create(
             b, vector::CombiningKind::MINSI, candidates)};

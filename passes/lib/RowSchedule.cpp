@@ -149,16 +149,17 @@ RowRange RowLoopBuilder::rangeOf(const RowRef &row, Value vocab) {
   return {head, roundDown(chunkSize()), roundDown(vectorWidth)};
 }
 
-int64_t RowLoopBuilder::chunkSize() const {
-  return static_cast<int64_t>(vectorWidth) * unroll * threads.numThreads;
+int64_t RowLoopBuilder::threadStride() const {
+  return static_cast<int64_t>(vectorWidth) * threads.numThreads;
 }
 
-SmallVector<Value, 8> mlir::ce::detail::stepOffsets(RowLoopBuilder &rows,
-                                         ImplicitLocOpBuilder &b, Value first,
-                                         unsigned unroll, int64_t stride) {
+int64_t RowLoopBuilder::chunkSize() const { return threadStride() * unroll; }
+
+SmallVector<Value, 8> RowLoopBuilder::stepOffsets(Value first) {
   SmallVector<Value, 8> offsets = {first};
   for (unsigned k = 1; k < unroll; ++k)
-    offsets.push_back(arith::AddIOp::create(b, first, rows.index(k * stride)));
+    offsets.push_back(
+        arith::AddIOp::create(b, first, index(k * threadStride())));
   return offsets;
 }
 
@@ -169,12 +170,11 @@ SmallVector<Value> RowLoopBuilder::buildChunkLoop(Value begin, Value end,
   // Thread t's k-th vector of a chunk starts at (k * threads + t) * width:
   // consecutive threads read consecutive 16-byte vectors, so every load
   // instruction of a warp covers one contiguous span.
-  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
   Value first = begin;
   if (threads.enabled())
     first = arith::AddIOp::create(b, begin, threadOffsetOf());
   auto chunkBody = [&](Value j, ValueRange state) {
-    return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
+    return body(stepOffsets(j), {}, state);
   };
   scf::ForOp loop;
   if (!lastFirst) {
@@ -200,10 +200,9 @@ SmallVector<Value> RowLoopBuilder::buildChunkLoop(Value begin, Value end,
 SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
                                                   ValueRange state,
                                                   StepBody body) {
-  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
   if (!threads.enabled()) {
     scf::ForOp loop = buildForLoop(
-        b, range.mainEnd, range.vectorEnd, index(threadStride), state,
+        b, range.mainEnd, range.vectorEnd, index(threadStride()), state,
         [&](Value j, ValueRange state) { return body({j}, {}, state); });
     return SmallVector<Value>(loop.getResults().begin(),
                               loop.getResults().end());
@@ -224,8 +223,7 @@ SmallVector<Value> RowLoopBuilder::buildRemainder(const RowRange &range,
   return buildIfYield(
       b, owns, state.getTypes(),
       [&] {
-        SmallVector<Value, 8> steps =
-            stepOffsets(*this, b, first, unroll, threadStride);
+        SmallVector<Value, 8> steps = stepOffsets(first);
         SmallVector<Value, 8> offsets = {first};
         SmallVector<Value, 8> valid = {
             arith::ConstantIntOp::create(b, b.getI1Type(), 1)};

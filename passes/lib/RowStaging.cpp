@@ -179,7 +179,6 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
   int64_t chunk = chunkSize();
   int64_t stages =
       cast<MemRefType>(threads.streamRing.getType()).getNumElements() / chunk;
-  int64_t threadStride = static_cast<int64_t>(vectorWidth) * threads.numThreads;
   Value threadOffset = threadOffsetOf();
   Value first = arith::AddIOp::create(b, range.head, threadOffset);
   Value numChunks = arith::DivUIOp::create(
@@ -188,10 +187,9 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
     Value stage = arith::RemUIOp::create(b, chunkIndex, index(stages));
     Value base = arith::AddIOp::create(
         b, arith::MulIOp::create(b, stage, index(chunk)), threadOffset);
-    for (auto [k, offset] :
-         llvm::enumerate(stepOffsets(*this, b, j, unroll, threadStride)))
+    for (auto [k, offset] : llvm::enumerate(stepOffsets(j)))
       copyToSlot(row, offset, threads.streamRing,
-                 arith::AddIOp::create(b, base, index(k * threadStride)));
+                 arith::AddIOp::create(b, base, index(k * threadStride())));
   };
   // Chunks 0 .. S-2 ahead, one group each (empty past the row's chunks).
   for (int64_t s = 0; s + 1 < stages; ++s) {
@@ -219,7 +217,7 @@ SmallVector<Value> RowLoopBuilder::buildStreamedChunks(const RowRef &row,
         // pending.
         threads.target->buildWaitGroups(b, group,
                                         static_cast<int32_t>(stages - 1));
-        return body(stepOffsets(*this, b, j, unroll, threadStride), {}, state);
+        return body(stepOffsets(j), {}, state);
       });
   return SmallVector<Value>(loop.getResults().begin(), loop.getResults().end());
 }
