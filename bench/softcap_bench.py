@@ -7,6 +7,8 @@ Usage (GPU machine, with the device runtime and sm_90 bundles that hold the plai
 softcap bf16 flat kernels):
     python3 bench/softcap_bench.py --runtime .dev/lib/libce_runtime.so --bundle DIR
 On the host (a dry run): --device cpu --shapes 64x1000 --reps 3.
+With --plot PATH it also draws the ratios (softcap time over plain time per shape and path,
+against issue 17's 1.05) as a PNG (matplotlib, where available).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--plot", default=None, help="PNG of the ratios per shape and path")
     args = parser.parse_args()
 
     import torch
@@ -67,6 +70,7 @@ def main() -> int:
         return statistics.median(samples)
 
     failures = 0
+    ratios = {"forward": [], "backward": [], "fused": []}
     print(f"{'shape':>14} {'path':>9} {'plain ms':>9} {'softcap ms':>10} {'ratio':>6}")
     for text in args.shapes.split(","):
         n, v = (int(part) for part in text.split("x"))
@@ -105,6 +109,7 @@ def main() -> int:
             times[("fused", name)] = timed(*fused(cap))
         for path in ("forward", "backward", "fused"):
             plain, capped = times[(path, "plain")], times[(path, "softcap")]
+            ratios[path].append(capped / plain)
             print(f"{text:>14} {path:>9} {plain:9.3f} {capped:10.3f} {capped / plain:6.3f}")
 
         # Numerics of the softcap paths on the first rows, against float64.
@@ -126,7 +131,34 @@ def main() -> int:
         print(f"{text:>14} numerics: max |loss err| {loss_err:.3g}, max |grad err| "
               f"{grad_err:.3g} (bf16 ulp of the row max {grad_ulp:.3g}) {'ok' if ok else 'FAIL'}")
     print(f"{failures} numerics failures")
+    if args.plot:
+        draw(ratios, args.shapes.split(","), args.plot,
+             torch.cuda.get_device_name() if cuda else "cpu")
     return 1 if failures else 0
+
+
+def draw(ratios, shapes, path: str, device: str) -> None:
+    """Bars of softcap / plain time per shape, one per path, with the 1.05 target."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as error:  # noqa: BLE001  (the table is the result; the plot optional)
+        print(f"no plot: matplotlib unavailable ({error})")
+        return
+    figure, axes = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(ratios)
+    for k, (name, values) in enumerate(ratios.items()):
+        axes.bar([i + k * width for i in range(len(shapes))], values, width, label=name)
+    axes.axhline(1.05, color="red", linestyle="--", label="target 1.05")
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
+    axes.set_xticklabels(shapes, fontsize=8)
+    axes.set_ylabel(f"softcap {CAP:g} / plain time")
+    axes.set_title(f"cegen.cross_entropy with logit_softcap ({device})")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
