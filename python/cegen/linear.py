@@ -37,8 +37,9 @@ Schedules (none of them reads a device value on the host):
   each chunk's logits (a fourth GEMM, as Cut Cross-Entropy does) and runs the backward kernel
   with the chunk's upstream gradient, stride-0 and zeros included.
 
-Chunks (:func:`default_chunk_tokens`): at most 256 MiB of logits, the tokens split into
-equal chunks of a multiple of 128 where the bytes allow (1024 tokens at V = 128256 in bf16).
+Chunks (:func:`default_chunk_tokens`): at most 256 MiB of logits (and on a GPU at most a
+quarter of the memory it can still hand out), the tokens split into equal chunks of a
+multiple of 128 where the bytes allow (1024 tokens at V = 128256 in bf16).
 d weight is written by the first chunk's GEMM and accumulated by the others (no zero fill);
 the memory beyond the inputs is d hidden, d weight and one chunk of logits.
 
@@ -87,15 +88,34 @@ DEFAULT_CHUNK_BYTES = 256 << 20
 #: 256 rows on the H200's cuBLAS kernels) then have no ragged edge in the tokens' dimension.
 CHUNK_ALIGN = 128
 
+#: A default chunk's logits take at most 1 / FREE_SHARE of the memory the device can still
+#: hand out (free memory plus what PyTorch's allocator holds unused): the rest is for the
+#: GEMMs' workspaces, the kernels' per-token buffers and the caller's own tensors.
+FREE_SHARE = 4
+
+
+def available_bytes(device: torch.device) -> Optional[int]:
+    """Bytes a CUDA/HIP device can still give PyTorch (free memory plus its allocator's
+    unused reserve), None for the host or while a CUDA graph is being captured (the chunk is
+    then chosen from the shapes alone, so a captured call and its replays agree)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
 
 def default_chunk_tokens(num_tokens: int, vocab: int, element_bytes: int,
-                         chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Tokens per chunk: at most as many as ``chunk_bytes`` of logits hold (at least 1),
-    the tokens split into equal chunks, each a multiple of :data:`CHUNK_ALIGN` where the
-    bytes allow (8192 tokens at V = 128256 in bf16: 8 chunks of 1024, not 7 of 1046 and a
-    last one of 870, whose GEMMs leave a tile row mostly empty)."""
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         free_bytes: Optional[int] = None) -> int:
+    """Tokens per chunk: at most as many as ``chunk_bytes`` of logits hold (at least 1), and
+    with ``free_bytes`` (:func:`available_bytes`) at most 1 / :data:`FREE_SHARE` of it, the
+    tokens split into equal chunks, each a multiple of :data:`CHUNK_ALIGN` where the bytes
+    allow (8192 tokens at V = 128256 in bf16: 8 chunks of 1024, not 7 of 1046 and a last one
+    of 870, whose GEMMs leave a tile row mostly empty)."""
     num_tokens = max(num_tokens, 1)
     per_token = max(1, vocab * element_bytes)
+    if free_bytes is not None:
+        chunk_bytes = min(chunk_bytes, max(0, free_bytes) // FREE_SHARE)
     cap = max(1, min(num_tokens, chunk_bytes // per_token))
     if cap >= num_tokens:
         return num_tokens
@@ -640,7 +660,8 @@ def linear_cross_entropy(
             callers whose prediction is usually the upstream's own tensor and who must
             never fail otherwise.
         chunk_tokens: tokens per chunk (default: :func:`default_chunk_tokens`, at most
-            256 MiB of logits in equal chunks).
+            256 MiB of logits and, on a GPU, a quarter of the memory it can still hand out,
+            in equal chunks).
         bundle: a bundle directory (or :class:`cegen.Bundle`) to take the kernels from
             (default: the cache).
         tp_group: the ``torch.distributed`` process group the vocabulary is split over
@@ -720,7 +741,8 @@ def linear_cross_entropy(
     grad_weights_exact = _validate.flag("grad_weights_exact", grad_weights_exact)
     weights = _row_weights(grad_weights, hidden, hidden_shape, label_layout)
     chunk = chunk_tokens or default_chunk_tokens(rows.shape[0], weight.shape[0],
-                                                 hidden.element_size())
+                                                 hidden.element_size(),
+                                                 free_bytes=available_bytes(hidden.device))
     loss = _LinearCrossEntropy.apply(rows, weight, bias, row_labels, weights, options, chunk,
                                      tp, reduction, grad_weights_exact)
     if len(hidden_shape) == 3 and reduction == "none":

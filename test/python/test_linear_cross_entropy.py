@@ -741,6 +741,43 @@ class DefaultChunkTest(unittest.TestCase):
                 chunk = linear.default_chunk_tokens(n, 37, 4, cap * per_token)
                 self.assertTrue(1 <= chunk <= max(1, min(n, cap)), (n, cap, chunk))
 
+    def test_free_memory(self):
+        # A quarter of the free memory caps the chunk: plenty changes nothing, 1 GB free
+        # leaves 256 MiB (the default), 400 MiB free 100 MiB (at most 408 tokens: aligned
+        # chunks of 384, not 21 of 391), none at all one token a chunk.
+        per_token = 128256 * 2
+        self.assertEqual(linear.default_chunk_tokens(8192, 128256, 2, free_bytes=80 << 30), 1024)
+        self.assertEqual(linear.default_chunk_tokens(8192, 128256, 2, free_bytes=1 << 30), 1024)
+        small = linear.default_chunk_tokens(8192, 128256, 2, free_bytes=400 << 20)
+        self.assertLessEqual(small * per_token, (400 << 20) // linear.FREE_SHARE)
+        self.assertEqual(small, 384)
+        self.assertEqual(linear.default_chunk_tokens(8192, 128256, 2, free_bytes=0), 1)
+        self.assertIsNone(linear.available_bytes(torch.device("cpu")))
+
+    @S.requires_kernels
+    def test_free_memory_reaches_the_chunks(self):
+        # What available_bytes reports is what the default chunk is made from (mocked: this
+        # machine has no GPU), and the loss does not depend on the chunking.
+        torch.manual_seed(5)
+        h = torch.randn(40, 16, dtype=torch.float32)
+        w = torch.randn(37, 16, dtype=torch.float32)
+        labels = torch.randint(0, 37, (40,))
+        seen = []
+        original = linear.default_chunk_tokens
+
+        def spy(*args, **kwargs):
+            chunk = original(*args, **kwargs)
+            seen.append((kwargs.get("free_bytes"), chunk))
+            return chunk
+
+        per_token = 37 * 4
+        with mock.patch.object(linear, "default_chunk_tokens", spy), \
+                mock.patch.object(linear, "available_bytes", lambda device: 40 * per_token):
+            small = cegen.linear_cross_entropy(h, w, labels)
+        whole = cegen.linear_cross_entropy(h, w, labels)
+        self.assertEqual(seen, [(40 * per_token, 10)])  # a quarter: 10 tokens, 4 chunks
+        torch.testing.assert_close(small, whole, rtol=1e-6, atol=1e-6)
+
 
 @S.requires_kernels
 class UninitializedGradientsTest(unittest.TestCase):
