@@ -757,26 +757,44 @@ class DefaultChunkTest(unittest.TestCase):
     @S.requires_kernels
     def test_free_memory_reaches_the_chunks(self):
         # What available_bytes reports is what the default chunk is made from (mocked: this
-        # machine has no GPU), and the loss does not depend on the chunking.
+        # machine has no GPU), asked once per shape, and the loss does not depend on the
+        # chunking.
         torch.manual_seed(5)
         h = torch.randn(40, 16, dtype=torch.float32)
         w = torch.randn(37, 16, dtype=torch.float32)
         labels = torch.randint(0, 37, (40,))
-        seen = []
-        original = linear.default_chunk_tokens
-
-        def spy(*args, **kwargs):
-            chunk = original(*args, **kwargs)
-            seen.append((kwargs.get("free_bytes"), chunk))
-            return chunk
-
         per_token = 37 * 4
-        with mock.patch.object(linear, "default_chunk_tokens", spy), \
-                mock.patch.object(linear, "available_bytes", lambda device: 40 * per_token):
+        asked = []
+
+        def available(device):
+            asked.append(device)
+            return 40 * per_token
+
+        with mock.patch.dict(linear._DEFAULT_CHUNKS, clear=True), \
+                mock.patch.object(linear, "available_bytes", available):
             small = cegen.linear_cross_entropy(h, w, labels)
-        whole = cegen.linear_cross_entropy(h, w, labels)
-        self.assertEqual(seen, [(40 * per_token, 10)])  # a quarter: 10 tokens, 4 chunks
+            self.assertEqual(linear._DEFAULT_CHUNKS, {("cpu", 40, 37, 4): 10})  # a quarter
+            again = cegen.linear_cross_entropy(h, w, labels)
+            self.assertEqual(len(asked), 1)  # the second call reuses the first's chunk
+            cegen.linear_cross_entropy(h[:20], w, labels[:20])
+            self.assertEqual(len(asked), 2)  # a new shape asks again
+        whole = cegen.linear_cross_entropy(h, w, labels, chunk_tokens=40)
         torch.testing.assert_close(small, whole, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(again, small, rtol=0, atol=0)
+
+    def test_available_bytes(self):
+        # (torch.cuda mocked: this machine has no GPU.) The driver's free memory plus the
+        # allocator's unused reserve; None on the host and while capturing a graph.
+        cuda = torch.device("cuda", 0)
+        with mock.patch.object(torch.cuda, "is_current_stream_capturing", lambda: False), \
+                mock.patch.object(torch.cuda, "memory_reserved", lambda device: 3 << 30), \
+                mock.patch.object(torch.cuda, "memory_allocated", lambda device: 1 << 30), \
+                mock.patch.object(torch.cuda, "mem_get_info",
+                                  lambda device: (5 << 30, 80 << 30)):
+            self.assertEqual(linear.available_bytes(cuda), 7 << 30)
+        with mock.patch.object(torch.cuda, "is_current_stream_capturing", lambda: True):
+            self.assertIsNone(linear.available_bytes(cuda))
+        self.assertIsNone(linear.available_bytes(torch.device("cpu")))
 
 
 @S.requires_kernels
