@@ -165,6 +165,8 @@ struct CEMapToGPUPass : mlir::ce::impl::CEMapToGPUBase<CEMapToGPUPass> {
     threads.asyncCopy = asyncCopy;
     threads.packedMax = packedMax;
     threads.target = targetInfo;
+    threads.softcapFmaReciprocalEighths =
+        targetInfo->getSoftcapFmaReciprocalEighths();
     unsigned stages = tuning.getStreamStages();
     if (isa<ForwardOp, ShardStatsOp>(op) && asyncCopy && stages >= 2)
       threads.streamRing = buildWorkgroupBuffer(

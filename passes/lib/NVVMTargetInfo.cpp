@@ -47,6 +47,9 @@ public:
   bool hasPackedMax() const override { return true; }
   bool hasL2Prefetch() const override { return true; }
   bool hasRegisterBudget() const override { return true; }
+  unsigned getSoftcapFmaReciprocalEighths() const override {
+    return kSoftcapFmaReciprocalEighths;
+  }
 
   void setRegisterBudget(Operation *kernel, unsigned registers) const override {
     // Kept through the lowering to llvm.func; the NVVM translation makes it

@@ -9,14 +9,14 @@
 #ifndef CE_TRANSFORMS_ROWLOOPBUILDER_H
 #define CE_TRANSFORMS_ROWLOOPBUILDER_H
 
+#include "TargetInfo.h"
+
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/Value.h"
 #include "llvm/ADT/SmallVector.h"
 
 namespace mlir::ce {
-
-class TargetInfo;
 
 /// The statistics of one logits row. The sum of exponentials is
 /// `S = 1 + rest` at scale `max` (the maximum's own term is implicit), which
@@ -104,6 +104,10 @@ struct RowThreads {
   /// copies, their groups and waits, and the L2 prefetch. Set whenever
   /// `asyncCopy` is.
   const TargetInfo *target = nullptr;
+  /// The share, in eighths of each vector, of the softcap's reciprocals
+  /// built from FMAs (TargetInfo::getSoftcapFmaReciprocalEighths; on the
+  /// host the NVIDIA share).
+  unsigned softcapFmaReciprocalEighths = kSoftcapFmaReciprocalEighths;
 
   bool enabled() const { return static_cast<bool>(threadId); }
   unsigned numSubgroups() const { return numThreads / subgroupSize; }
@@ -393,6 +397,10 @@ private:
   Value softcapFourScale; ///< f32 4 s, with softcap
   /// r = 1 / (1 + 2^(x k)) = (1 - tanh(s x / cap)) / 2, in [0, 1].
   Value softcapComplement(Value x);
+  /// 1 / a of f32 a >= 1 (a vector or a scalar): the first
+  /// softcapFmaReciprocalEighths of each vector's lanes from FMAs, the
+  /// others by the target's approximate reciprocal.
+  Value softcapReciprocal(Value a);
   /// z = cap - 2 cap r of r = softcapComplement(x).
   Value softcapFromComplement(Value r);
   /// loadElement, then softcapLogits.

@@ -20,6 +20,10 @@
 
 namespace mlir::ce {
 
+/// NVIDIA's getSoftcapFmaReciprocalEighths(), which the host kernels take
+/// too: CI's host numerics then run the code of the NVIDIA kernels.
+inline constexpr unsigned kSoftcapFmaReciprocalEighths = 4;
+
 class TargetInfo {
 public:
   virtual ~TargetInfo();
@@ -38,6 +42,12 @@ public:
   /// A per-kernel cap on the registers per thread that the target's
   /// compiler honours (NVIDIA `.maxnreg`).
   virtual bool hasRegisterBudget() const { return false; }
+  /// The share, in eighths of each vector, of a softcap kernel's
+  /// reciprocals 1 / (1 + 2^(x k)) built from FMAs (RowSoftcap.cpp) instead
+  /// of the transcendental unit. Where that unit is what limits the sweep
+  /// (NVIDIA's MUFU: 16 results a clock per SM against 128 FMAs), moving
+  /// part of its work to the FMA pipe balances the two. 0: none.
+  virtual unsigned getSoftcapFmaReciprocalEighths() const { return 0; }
 
   /// Caps `kernel`'s registers per thread at `registers`. Only when
   /// hasRegisterBudget().
