@@ -16,6 +16,8 @@
 #include "mlir/IR/Value.h"
 #include "llvm/ADT/SmallVector.h"
 
+#include <utility>
+
 namespace mlir::ce {
 
 /// The statistics of one logits row. The sum of exponentials is
@@ -145,6 +147,13 @@ public:
   void setLogitSoftcap(Value cap, Value scale);
   /// The softcap, or null.
   Value getLogitSoftcap() const { return softcap; }
+  /// Whether the sweeps built next may build part of each vector's softcap
+  /// reciprocals from FMAs (RowThreads::softcapFmaReciprocalEighths; on by
+  /// default). The two ways round differently, so the same logit in two
+  /// lanes can give z an ulp apart: off wherever an argmax is taken of z
+  /// (its ties must go to the lowest index), on for the sweeps that only
+  /// sum (the plain statistics, the gradient). Returns the previous value.
+  bool setSoftcapSplit(bool split) { return std::exchange(softcapSplit, split); }
   /// z of `x` (scalar or vector): cap tanh(s x / cap) as cap - 2 cap r
   /// (softcapComplement), `x` itself without a softcap.
   Value softcapLogits(Value x);
@@ -395,6 +404,7 @@ private:
   Value softcapInner;    ///< f32 k = fl(s / cap) 2 log2 e, with softcap
   Value softcapNegTwoCap; ///< f32 -2 cap, with softcap
   Value softcapFourScale; ///< f32 4 s, with softcap
+  bool softcapSplit = true; ///< setSoftcapSplit
   /// r = 1 / (1 + 2^(x k)) = (1 - tanh(s x / cap)) / 2, in [0, 1].
   Value softcapComplement(Value x);
   /// 1 / a of f32 a >= 1 (a vector or a scalar): the first

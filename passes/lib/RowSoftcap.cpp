@@ -98,7 +98,8 @@ Value RowLoopBuilder::softcapReciprocal(Value a) {
   auto vectorType = dyn_cast<VectorType>(type);
   int64_t width = vectorType ? vectorType.getNumElements() : 1;
   int64_t fmaLanes =
-      (width * threads.softcapFmaReciprocalEighths + 4) / 8;
+      softcapSplit ? (width * threads.softcapFmaReciprocalEighths + 4) / 8
+                   : 0;
   // The reciprocal may be approximate (afn): on NVIDIA rcp.approx.f32, on
   // AMD v_rcp_f32 (one ulp), where a correctly rounded division's Newton
   // steps and range checks would cost as much as the rest of the softcap.

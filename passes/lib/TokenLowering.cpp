@@ -16,6 +16,8 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 
+#include "llvm/ADT/ScopeExit.h"
+
 namespace mlir::ce::detail {
 
 CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
@@ -432,13 +434,24 @@ RowStats CrossEntropyLowering::statisticsOf(const Token &t, bool withSum,
                                             Value argmaxOut,
                                             bool accumulateOutputs) {
   RowRef row = rowOf(logits, t);
-  if ((!entropyOut && !argmaxOut) || !accumulateOutputs)
+  if (!entropyOut && !argmaxOut)
     return rows.buildStatistics(row, vocab, withSum, shiftedSum);
+  // Where an argmax may be taken of z (the outputs' sweeps, and the maximum
+  // that the separate outputs sweep looks for), every element's z is built
+  // the same way (RowLoopBuilder::setSoftcapSplit); the plain sweep of the
+  // accumulating kernels keeps the split.
+  if (!accumulateOutputs) {
+    bool split = rows.setSoftcapSplit(false);
+    llvm::scope_exit restore([&] { rows.setSoftcapSplit(split); });
+    return rows.buildStatistics(row, vocab, withSum, shiftedSum);
+  }
   // The flags are uniform over the workgroup, so is the branch.
   SmallVector<Value> fields = buildIfYield(
       b, outputsWanted(entropyOut, argmaxOut),
       RowStats::fieldTypes(b, withSum, true),
       [&] {
+        bool split = rows.setSoftcapSplit(false);
+        llvm::scope_exit restore([&] { rows.setSoftcapSplit(split); });
         return rows
             .buildStatistics(row, vocab, withSum, shiftedSum,
                              /*withOutputs=*/true)
@@ -460,7 +473,9 @@ void CrossEntropyLowering::buildOutputs(const Token &t, const RowStats &stats,
   if (!entropyOut && !argmaxOut)
     return;
   buildIf(b, outputsWanted(entropyOut, argmaxOut), [&] {
+    bool split = rows.setSoftcapSplit(false);
     RowOutputs outputs = rows.buildOutputs(rowOf(logits, t), vocab, stats);
+    rows.setSoftcapSplit(split);
     leaderOnly([&] {
       if (entropyOut)
         buildIf(b, inForce(kFlagEntropy), [&] {

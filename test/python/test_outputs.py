@@ -12,7 +12,8 @@ float64 references of ``_reference_outputs`` on fresh random inputs with poisone
   contract (their rows' outputs all the same).
 * :class:`TestSoftcap`: with ``logit_softcap`` the outputs are of z = cap tanh(s x / cap),
   as the loss is: the entropy of softmax(z), the argmax the lowest index of the largest z
-  (a saturated cap ties different logits), on every path and in bf16 and f32.
+  (a saturated cap ties different logits; equal logits in any lanes tie to the first), on
+  every path and in bf16 and f32.
 * :class:`TestApi`: the result type and its Nones, only the loss differentiable, the sweep
   run only for entropy or argmax, flags checked.
 """
@@ -275,6 +276,41 @@ class TestSoftcap(unittest.TestCase):
                                       traced=traced):
                         self.check(dtype, scale, cap, fused=fused, traced=traced,
                                    offset=400 + 10 * index)
+
+    def test_equal_logits_tie_to_the_lowest_index(self) -> None:
+        # The row's largest logit planted at eight positions of different vector lanes
+        # (and the scalar tail): equal x must give equal z wherever they sit, so the argmax
+        # is the first of them exactly (no near-tie allowance). The kernels may build z's
+        # reciprocal two ways in different lanes (docs/lowering.md, "The logit softcap"),
+        # which rounds the same x apart by an ulp in about a third of such rows; the sweeps
+        # an argmax is taken in build every z one way.
+        rows, vocab = 128, 301
+        positions = torch.tensor([3, 12, 21, 30, 101, 250, 297, 300])
+        for index, dtype in enumerate((torch.bfloat16, torch.float32)):
+            for fused in (False, True):
+                offset = 900 + 10 * index + fused
+                source = S.random_logits((rows, vocab), dtype, scale=6.0, offset=offset)
+                gen = S.generator(offset + 5)
+                for row in range(rows):
+                    planted = positions[torch.randperm(len(positions), generator=gen)[:4]]
+                    source[row, planted] = source[row].max()
+                labels = S.random_labels((rows,), vocab, offset=offset + 1)
+                caps = torch.rand(rows, generator=gen) * 40 + 2
+                first = torch.tensor([int((r == r.max()).nonzero()[0]) for r in source])
+                for cap in caps[:4].tolist():
+                    with self.subTest(dtype=dtype, fused=fused, cap=cap):
+                        with cegen._kernels.poison_outputs():
+                            if fused:  # the fused kernel's separate outputs sweep
+                                options = cegen._kernels.KernelOptions(logit_softcap=cap)
+                                argmax = cegen._kernels.fused(
+                                    source, labels, torch.full((rows,), 0.5), options,
+                                    overwrite=False, argmax=True)[-1]
+                            else:
+                                argmax = cegen.cross_entropy(source, labels, logit_softcap=cap,
+                                                             return_argmax=True).argmax
+                        wrong = (argmax != first).nonzero().flatten().tolist()
+                        self.assertEqual(wrong, [], f"rows whose tie went to a later index "
+                                         f"(seed={S.SEED})")
 
 
 @S.requires_kernels
