@@ -19,12 +19,13 @@ On the host (a dry run of the harness): --device cpu --shapes 64x1000 with host 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+import kernel_loops  # noqa: E402  (bench/, the script's own folder)
 
 DEFAULT_SHAPES = "8192x128256,16384x32000,4096x151936,8192x50304,32768x128256"
 HBM_BYTES_PER_S = 4.8e12  # the H200's peak, as docs/PERFORMANCE.md's floors
@@ -51,46 +52,8 @@ def main() -> int:
     cuda = args.device == "cuda"
     dev = torch.device(args.device)
 
-    def loop_ms(fn, calls: int) -> float:
-        """ms per call of `calls` back-to-back calls."""
-        if cuda:
-            begin = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            return begin.elapsed_time(end) / calls
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - start) * 1e3 / calls
-
-    def warm(fns, seconds: float) -> None:
-        """Runs `fns` in turn for about `seconds`: an idle H200 starts at a low SM clock, and
-        its first second of full load runs under the driver's software power cap (clocks of
-        1500-1965 MHz, nvidia-smi's clocks_event_reasons 0x4; docs/perf-log/
-        2026-12-03-1711-softcap-exp-api-peers.md), which slows a compute-bound kernel more
-        than a memory-bound one."""
-        deadline = time.perf_counter() + (seconds if cuda else 0.0)
-        while True:
-            for fn in fns:
-                fn()
-            if cuda:
-                torch.cuda.synchronize()
-            if time.perf_counter() >= deadline:
-                return
-
-    def timed(*fns, calls: int = 20, loops: int = 7) -> list:
-        """Median ms per call of each of `fns`, after a warm-up, their loops interleaved (A B A
-        B ...) so that each sees the same clocks."""
-        warm(fns, 1.5)
-        samples = [[] for _ in fns]
-        for _ in range(loops):
-            for k, fn in enumerate(fns):
-                samples[k].append(loop_ms(fn, calls))
-        return [statistics.median(one) for one in samples]
+    def timed(*fns) -> list:
+        return kernel_loops.timed(torch, fns, cuda)
 
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {name}; torch "
