@@ -39,6 +39,9 @@ def main() -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--plot", default=None, help="PNG of the forward's ratios per shape")
+    parser.add_argument("--minus-inf", type=int, default=0, metavar="K",
+                        help="K logits of every row set to -inf at random columns (a vocabulary "
+                             "mask; the plain forward reads the same tensor)")
     args = parser.parse_args()
 
     import torch
@@ -58,7 +61,8 @@ def main() -> int:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     print(f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device {name}; torch "
           f"{torch.__version__}; ms per call (20 back-to-back calls, median of 7, after 1.5 s "
-          f"of warm-up, with and without the outputs interleaved)")
+          f"of warm-up, with and without the outputs interleaved)"
+          + (f"; {args.minus_inf} logits of every row -inf" if args.minus_inf else ""))
     header = ["shape", "floor ms"]
     for bundle in args.bundles:
         header += [f"{bundle} fwd", f"{bundle} +outputs", "ratio"]
@@ -71,6 +75,10 @@ def main() -> int:
         torch.manual_seed(tokens + vocab)
         x = torch.randn(tokens, vocab, device=dev, dtype=torch.bfloat16) * 2
         y = torch.randint(0, vocab, (tokens,), device=dev)
+        if args.minus_inf:
+            masked = torch.randint(0, vocab, (tokens, args.minus_inf), device=dev)
+            masked = torch.where(masked == y[:, None], (masked + 1) % vocab, masked)
+            x.scatter_(1, masked, float("-inf"))
         w = torch.full((tokens,), 1.0 / tokens, device=dev)
         cells = [f"{tokens}x{vocab}", f"{tokens * vocab * 2 / HBM_BYTES_PER_S * 1e3:.3f}"]
         for bundle in args.bundles:
