@@ -149,13 +149,20 @@ static Value maximumOf(ImplicitLocOpBuilder &b, ArrayRef<Value> xs) {
 /// row's maximum, and buildStatistics sweeps a row whose maximum is not below
 /// 2^24 in magnitude again with exact subtractions.
 /// `stepMax`: the maximum of `xs` when the caller has it (f32), else null.
+/// `rest` holds only the small terms, per lane; `extra` (a scalar, updated
+/// in place) the rest of S = 1 + extra + sum of the lanes: the copies of the
+/// maximum beyond the implicit 1 (an integer), or, once the maximum has
+/// grown, the old state's rescaled total. Kept out of the lanes: on lane 0 a
+/// count of 1 or more would take the bits of every small term added to it
+/// after (terms of 2^-21 onto 2.0 kept two bits of their 24: lse off by
+/// 1.4e-5 at V = 32000 with two tied maxima).
 /// `entropySum` (a vector like `rest`, with the outputs): the per-lane
 /// entropy sums U (RowStats), updated in place; `masked`: the step has lanes
 /// past the row (sumTerms).
 static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                                             ImplicitLocOpBuilder &b, Value max,
-                                            Value rest, ArrayRef<Value> xs,
-                                            Value stepMax,
+                                            Value rest, Value &extra,
+                                            ArrayRef<Value> xs, Value stepMax,
                                             Value *entropySum = nullptr,
                                             bool masked = false) {
   auto type = cast<VectorType>(rest.getType());
@@ -187,7 +194,7 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
     // e)): sum t (x - m) L = 2^-d (sum e a - d sum e). The old sums move to
     // the new maximum as U' = r (U + delta S), delta = (m_old - m) L <= 0
     // (at least -2^20: a first maximum from -FLT_MAX has r = 0 and S = 0),
-    // r = exp2(delta), S the old total (its implicit 1 on lane 0).
+    // r = exp2(delta), S the old total (1 + extra on lane 0).
     Value stepSum = arith::MulFOp::create(
         b,
         math::FmaOp::create(b, arith::NegFOp::create(b, splat(residual)),
@@ -196,8 +203,12 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
     Value delta = rows.entropyShift(max, newMax);
     Value moved = math::FmaOp::create(b, splat(delta), rest, *entropySum);
     Value lane = vector::ExtractOp::create(b, moved, ArrayRef<int64_t>{0});
-    moved = vector::InsertOp::create(b, arith::AddFOp::create(b, lane, delta),
-                                     moved, ArrayRef<int64_t>{0});
+    moved = vector::InsertOp::create(
+        b,
+        math::FmaOp::create(b, delta,
+                            arith::AddFOp::create(b, extra, rows.f32(1.0f)),
+                            lane),
+        moved, ArrayRef<int64_t>{0});
     *entropySum = math::FmaOp::create(b, moved, splat(rescale), stepSum);
   }
   Value maxCount = math::RoundEvenOp::create(
@@ -207,20 +218,16 @@ static std::pair<Value, Value> stepRowState(RowLoopBuilder &rows,
                  b, vector::CombiningKind::ADD,
                  arith::SubFOp::create(b, allTerms, smallTerms)),
              unscale));
-  // rest' = (rest + moved) rescale + small 2^-d + (count - moved), the
-  // scalar parts on lane 0; `moved` is the old implicit 1 when the maximum
-  // grew.
+  // rest' = rest rescale + small 2^-d per lane, and extra' = (extra +
+  // moved) rescale + (count - moved); `moved` is the old implicit 1 when
+  // the maximum grew (rescale is exactly 1 when it did not).
   Value moved = arith::SelectOp::create(b, grew, rows.f32(1.0f), rows.f32(0.0f));
-  Value adjust = arith::AddFOp::create(
-      b, arith::MulFOp::create(b, moved, rescale),
-      arith::SubFOp::create(b, maxCount, moved));
+  extra = math::FmaOp::create(b, arith::AddFOp::create(b, extra, moved),
+                              rescale,
+                              arith::SubFOp::create(b, maxCount, moved));
   Value newRest = math::FmaOp::create(
       b, rest, splat(rescale),
       arith::MulFOp::create(b, smallTerms, splat(unscale)));
-  Value lane0 = vector::ExtractOp::create(b, newRest, ArrayRef<int64_t>{0});
-  newRest = vector::InsertOp::create(
-      b, arith::AddFOp::create(b, lane0, adjust), newRest,
-      ArrayRef<int64_t>{0});
   return {newMax, newRest};
 }
 
@@ -416,13 +423,10 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   auto vectorType = VectorType::get({vectorWidth}, b.getF32Type());
 
   // Main sweep: `unroll` vectors per step; one maximum per thread, the rest
-  // as partial sums per lane (-1 on lane 0: no implicit 1 yet).
+  // as partial sums per lane and the maxima's count apart (`extra`, last in
+  // the state: -1, no implicit 1 yet; stepRowState).
   RowRange range = rangeOf(row, vocab);
-  SmallVector<float> noRest(vectorWidth, 0.0f);
-  noRest[0] = -1.0f;
-  Value initialRest = arith::ConstantOp::create(
-      b, DenseElementsAttr::get(vectorType, ArrayRef<float>(noRest)));
-  SmallVector<Value> inits = {f32(kNoMax), initialRest};
+  SmallVector<Value> inits = {f32(kNoMax), f32(0.0f, vectorType)};
   if (withSum)
     inits.push_back(f32(0.0f, vectorType));
   // With the outputs, the per-lane entropy sums and the thread's best step
@@ -431,6 +435,8 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   size_t outputsAt = inits.size();
   if (withOutputs)
     inits.append({f32(0.0f, vectorType), noIndex()});
+  size_t extraAt = inits.size();
+  inits.push_back(f32(-1.0f));
   // The row sum is taken of x - c, c the row's first element (0 where that
   // is not finite, or for an empty row): a common offset of the logits (all
   // near 100, say) then costs no digits of mean - max, which the smoothing
@@ -504,8 +510,9 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
       bestIndex = stepBestStep(state[outputsAt + 1], state[0], stepMax,
                                offsets.front());
     }
-    auto [max, rest] = stepRowState(*this, b, state[0], state[1], xs, stepMax,
-                                    withOutputs ? &entropySum : nullptr,
+    Value extra = state[extraAt];
+    auto [max, rest] = stepRowState(*this, b, state[0], state[1], extra, xs,
+                                    stepMax, withOutputs ? &entropySum : nullptr,
                                     /*masked=*/!valid.empty());
     SmallVector<Value> next = {max, rest};
     if (withSum) {
@@ -516,6 +523,7 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
     }
     if (withOutputs)
       next.append({entropySum, bestIndex});
+    next.push_back(extra);
     return next;
   };
   auto stepFrom = [&](Source source) {
@@ -569,8 +577,9 @@ RowStats RowLoopBuilder::buildStatisticsSweep(const RowRef &row, Value vocab,
   // The lanes share the maximum: their partial sums simply add.
   Value max = lanes[0];
   Value vectorMax = max;
-  Value rest =
-      vector::ReductionOp::create(b, vector::CombiningKind::ADD, lanes[1]);
+  Value rest = arith::AddFOp::create(
+      b, vector::ReductionOp::create(b, vector::CombiningKind::ADD, lanes[1]),
+      lanes[extraAt]);
   Value sum;
   if (withSum)
     sum = vector::ReductionOp::create(b, vector::CombiningKind::ADD,

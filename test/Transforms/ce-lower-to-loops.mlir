@@ -14,19 +14,21 @@
 // CHECK:     memref.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>
 // CHECK:   scf.if %{{.*}} {
 // CHECK:     memref.store %{{.*}}, %[[ST]][%{{.*}}] : memref<1xi64>
-// CHECK:   %[[MAIN:.*]]:2 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[C8]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (f32, vector<4xf32>) {
+// The state: the maximum, the lanes' small terms, the maxima's count apart.
+// CHECK:   %[[MAIN:.*]]:3 = scf.for %[[J:.*]] = %{{.*}} to %{{.*}} step %[[C8]] iter_args(%{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}) -> (f32, vector<4xf32>, f32) {
 // CHECK:     vector.load %[[X]][%[[T]], %[[J]]] : memref<?x?xbf16>, vector<4xbf16>
 // CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
 // CHECK:     arith.maximumf %{{.*}} : vector<4xf32>
 // CHECK:     vector.reduction <maximumf>, %{{.*}} : vector<4xf32> into f32
 // CHECK:     math.exp2 %{{.*}} : vector<4xf32>
 // CHECK:     math.roundeven
-// CHECK:     scf.yield %{{.*}}, %{{.*}} : f32, vector<4xf32>
+// CHECK:     scf.yield %{{.*}}, %{{.*}}, %{{.*}} : f32, vector<4xf32>, f32
 // Whole vectors after the last step, one at a time, on the same state.
-// CHECK:   %[[REM:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %[[MAIN]]#0, %{{.*}} = %[[MAIN]]#1) -> (f32, vector<4xf32>) {
+// CHECK:   %[[REM:.*]]:3 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args(%{{.*}} = %[[MAIN]]#0, %{{.*}} = %[[MAIN]]#1, %{{.*}} = %[[MAIN]]#2) -> (f32, vector<4xf32>, f32) {
 // CHECK:     vector.load %[[X]][%[[T]], %{{.*}}] : memref<?x?xbf16>, vector<4xbf16>
-// The lanes share the maximum: their partial sums add.
-// CHECK:   vector.reduction <add>, %[[REM]]#1 : vector<4xf32> into f32
+// The lanes share the maximum: their partial sums add, then the count.
+// CHECK:   %[[LANES:.*]] = vector.reduction <add>, %[[REM]]#1 : vector<4xf32> into f32
+// CHECK:   arith.addf %[[LANES]], %[[REM]]#2 : f32
 // CHECK:   %[[TAIL:.*]]:2 = scf.for %{{.*}} = %{{.*}} to %{{.*}} step %{{.*}} iter_args({{.*}}) -> (f32, f32) {
 // CHECK:     memref.load %[[X]]
 // CHECK:   arith.bitcast %{{.*}} : f32 to i32
@@ -43,7 +45,7 @@ func.func @forward(%x: memref<?x?xbf16>, %y: memref<?xi64>, %loss: memref<?xf32>
 // Smoothing adds a third lane accumulator (the row sum).
 
 // CHECK-LABEL: func @forward_smoothing
-// CHECK: scf.for {{.*}} -> (f32, vector<4xf32>, vector<4xf32>)
+// CHECK: scf.for {{.*}} -> (f32, vector<4xf32>, vector<4xf32>, f32)
 // CHECK: vector.reduction <add>
 func.func @forward_smoothing(%x: memref<?x?xf32>, %y: memref<?xi64>, %loss: memref<?xf32>, %lse: memref<?xf32>) {
   ce.forward %x, %y into %loss, %lse layout = flat {label_smoothing = 0.1 : f32} : memref<?x?xf32>, memref<?xi64> into memref<?xf32>, memref<?xf32>
@@ -121,7 +123,7 @@ func.func @backward_separate(%x: memref<?x?xf32>, %y: memref<?xi64>, %lse: memre
 // CHECK-SAME: %[[X:[^:]*]]: memref<?x?xbf16>, %{{[^:]*}}: memref<?xi64>, %[[W:[^:]*]]: memref<f32>
 // CHECK: memref.load %[[W]][] : memref<f32>
 // CHECK: scf.for
-// CHECK:   scf.for {{.*}} -> (f32, vector<4xf32>)
+// CHECK:   scf.for {{.*}} -> (f32, vector<4xf32>, f32)
 // CHECK:   memref.store
 // CHECK:   memref.store
 // CHECK:   scf.for

@@ -15,10 +15,10 @@
 // The statistics sweep's remainder, from the row cache once this thread's
 // own copies have landed (no barrier: it must read only its own slots).
 // NVVM: nvgpu.device_async_wait %{{[0-9]+}}{{$}}
-// NVVM-NEXT: scf.if %{{.*}} -> (f32, vector<8xf32>) {
+// NVVM-NEXT: scf.if %{{.*}} -> (f32, vector<8xf32>, f32) {
 // NVVM-NEXT: %[[FIRST:.*]] = arith.addi %{{.*}}, %{{.*}} : index
 // NVVM-NEXT: %[[OWNS:.*]] = arith.cmpi ult, %[[FIRST]], %[[END:.*]] : index
-// NVVM-NEXT: scf.if %[[OWNS]] -> (f32, vector<8xf32>) {
+// NVVM-NEXT: scf.if %[[OWNS]] -> (f32, vector<8xf32>, f32) {
 // NVVM-NEXT: %[[SECOND:.*]] = arith.addi %[[FIRST]], %c512 : index
 // NVVM-NEXT: %[[IN:.*]] = arith.cmpi ult, %[[SECOND]], %[[END]] : index
 // NVVM-NEXT: %[[CLAMPED:.*]] = arith.select %[[IN]], %[[SECOND]], %[[FIRST]] : index

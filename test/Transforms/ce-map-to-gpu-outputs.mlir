@@ -22,7 +22,7 @@
 // CHECK: %[[B5:.*]] = arith.andi %arg6, %c32_i64 : i64
 // CHECK: %[[WANT:.*]] = arith.ori
 // CHECK: %[[STATS:.*]]:5 = scf.if %[[WANT]] -> (f32, f32, f32, i32, i1) {
-// CHECK: scf.for {{.*}} -> (f32, vector<8xf32>, vector<8xf32>, i32) {
+// CHECK: scf.for {{.*}} -> (f32, vector<8xf32>, vector<8xf32>, i32, f32) {
 // CHECK: %[[STEPMAX:.*]] = vector.reduction <maximumf>
 // CHECK-NEXT: %[[FIRST:.*]] = arith.index_cast %{{.*}} : index to i32
 // CHECK-NEXT: %[[GREW:.*]] = arith.cmpf ogt, %[[STEPMAX]], %[[OLD:.*]] : f32
@@ -40,7 +40,7 @@
 // CHECK: %[[A2:.*]] = math.fma %{{.*}} : vector<8xf32>
 // CHECK-NEXT: %[[E2:.*]] = math.exp2 %[[A2]] : vector<8xf32>
 // CHECK-NEXT: math.fma %[[E2]], %[[A2]], %[[W]] : vector<8xf32>
-// CHECK: scf.yield %{{.*}}, %{{.*}}, %{{.*}}, %[[STEP]] : f32, vector<8xf32>, vector<8xf32>, i32
+// CHECK: scf.yield %{{.*}}, %{{.*}}, %{{.*}}, %[[STEP]], %{{.*}} : f32, vector<8xf32>, vector<8xf32>, i32, f32
 // and clamped in a masked step (lanes past the row are -inf):
 // CHECK: %[[ME:.*]] = math.exp2 %[[MA:[0-9]+]] : vector<8xf32>
 // CHECK-NEXT: %[[CLAMPED:.*]] = arith.maximumf %[[MA]], %{{.*}} : vector<8xf32>

@@ -10,15 +10,21 @@
 #   python3 test/gpu/tp_h200.py --runtime .dev/tp/lib/libce_runtime.so \
 #     --bundles .dev/tp/bundles/shards .dev/tp/bundles/whole \
 #     --megatron .dev/megatron --out $OUT
+# and test/gpu/tp_runs_h200.py (issue 21's runs) with .dev/tp/bundles/softcap added.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CE_GEN=${CE_GEN:-build/bin/ce-gen}
 test/gpu/build_device_runtime.sh .dev/tp/lib
 rm -rf .dev/tp/bundles
-common=(--target=sm_90 --logits=bf16,f32 --labels=i64 --layout=sbv_bs
+# flat: linear cross entropy's chunks of [N, H] hidden states (tp_runs_h200.py); the softcap
+# kernels (a compile-time variant) for its outputs-and-softcap checks.
+common=(--target=sm_90 --logits=bf16,f32 --labels=i64 --layout=flat,sbv_bs
   --label-smoothing=off,on --z-loss=off,on)
 "$CE_GEN" "${common[@]}" -o .dev/tp/bundles/shards --op=shard_stats
 "$CE_GEN" "${common[@]}" -o .dev/tp/bundles/whole --op=forward,backward,fused \
   --overwrite=0,1 --weights=token
+"$CE_GEN" --target=sm_90 --logits=bf16,f32 --labels=i64 --layout=flat,sbv_bs \
+  --label-smoothing=off --z-loss=off --softcap=on -o .dev/tp/bundles/softcap \
+  --op=shard_stats,forward,backward,fused --overwrite=0,1 --weights=token
 echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
 du -sh .dev/tp/lib .dev/tp/bundles/*
