@@ -10,7 +10,7 @@
 #   python3 test/gpu/tp_h200.py --runtime .dev/tp/lib/libce_runtime.so \
 #     --bundles .dev/tp/bundles/shards .dev/tp/bundles/whole \
 #     --megatron .dev/megatron --out $OUT
-# and test/gpu/tp_runs_h200.py (issue 21's runs) with .dev/tp/bundles/softcap added.
+# and test/gpu/tp_runs_h200.py (issue 21's runs) with --bundles .dev/tp/bundles/*.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CE_GEN=${CE_GEN:-build/bin/ce-gen}
@@ -26,5 +26,8 @@ common=(--target=sm_90 --logits=bf16,f32 --labels=i64 --layout=flat,sbv_bs
 "$CE_GEN" --target=sm_90 --logits=bf16,f32 --labels=i64 --layout=flat,sbv_bs \
   --label-smoothing=off --z-loss=off --softcap=on -o .dev/tp/bundles/softcap \
   --op=shard_stats,forward,backward,fused --overwrite=0,1 --weights=token
+# linear cross entropy's rescale of d hidden and d weight on the device
+"$CE_GEN" --target=sm_90 --logits=bf16,f32 --layout=flat,sbv_bs --op=rescale \
+  -o .dev/tp/bundles/rescale
 echo "ce-gen: $(git log -1 --format='%h %s' -- codegen passes tools)"
 du -sh .dev/tp/lib .dev/tp/bundles/*

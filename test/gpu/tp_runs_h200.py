@@ -8,7 +8,7 @@ what test/gpu/prepare_tp_run.sh makes under .dev/tp and, for the reference rows 
 benchmark, Megatron-Core's source in .dev/megatron (never committed)::
 
     python3 test/gpu/tp_runs_h200.py --runtime .dev/tp/lib/libce_runtime.so \\
-        --bundles .dev/tp/bundles/shards .dev/tp/bundles/whole --megatron .dev/megatron --out $OUT
+        --bundles .dev/tp/bundles/* --megatron .dev/megatron --out $OUT
 
 A dry run on the CPU (two gloo processes, the host kernels ce-gen builds on demand from
 build/, small shapes, no graph, the benchmark at a toy shape)::
@@ -255,8 +255,9 @@ def check_graph(torch: Any, rank: int, world: int, group: Any, device: Any,
 
 
 def _timed(torch: Any, device: Any, group: Any, fn: Callable[[], Any],
-           reps: int = 5) -> Dict[str, float]:
-    """Median ms of ``reps`` calls (two warm-ups), peak memory beyond the allocation before."""
+           setup: Optional[Callable[[], Any]] = None, reps: int = 5) -> Dict[str, float]:
+    """Median ms of ``reps`` calls (two warm-ups), peak memory beyond the allocation before
+    (``setup``, untimed, first: the previous call's gradients released)."""
     import torch.distributed as dist
     cuda = device.type == "cuda"
     barrier = torch.ones(1, device=device)
@@ -264,6 +265,8 @@ def _timed(torch: Any, device: Any, group: Any, fn: Callable[[], Any],
         fn()
     times, peaks = [], []
     for _ in range(reps):
+        if setup:
+            setup()
         dist.all_reduce(barrier, group=group)
         if cuda:
             torch.cuda.synchronize()
@@ -303,7 +306,6 @@ def bench_linear(torch: Any, rank: int, world: int, group: Any, device: Any, meg
         weight.grad = None
 
     def cegen_step() -> None:
-        clear()
         cegen.linear_cross_entropy(hidden, weight, labels, ignore_index=IGNORE,
                                    reduction="mean", tp_group=group).backward()
 
@@ -313,21 +315,20 @@ def bench_linear(torch: Any, rank: int, world: int, group: Any, device: Any, meg
             logits @ weight
             logits.t() @ hidden
 
-    rows = {"cegen linear_cross_entropy fwd+bwd": _timed(torch, device, group, cegen_step),
-            "three GEMMs alone": _timed(torch, device, group, gemms)}
+    rows = {"cegen linear_cross_entropy fwd+bwd": _timed(torch, device, group, cegen_step, clear),
+            "three GEMMs alone": _timed(torch, device, group, gemms, clear)}
     if megatron:
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy as mcore_ce
         from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
         def megatron_step() -> None:
-            clear()
             logits = copy_to_tensor_model_parallel_region(hidden) @ weight.t()
             losses = mcore_ce(logits.view(N, 1, local), labels.view(N, 1).clamp(min=0))
             valid = (labels != IGNORE).view(N, 1)
             (losses * valid).sum().div(valid.sum()).backward()
 
         rows["megatron-core output layer + vocab_parallel_cross_entropy"] = _timed(
-            torch, device, group, megatron_step)
+            torch, device, group, megatron_step, clear)
     out["rows"] = rows
     out["shape"] = {"N": N, "H": H, "V": V, "V_local": local, "dtype": str(dtype)}
 
