@@ -17,7 +17,6 @@ On the host (a dry run of cegen's side only): --device cpu --shapes 64x1000 --re
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ def main() -> int:
     import torch
 
     import cegen
+    import kernel_loops
     import peers
 
     if args.runtime:
@@ -61,26 +61,8 @@ def main() -> int:
           f"{torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; "
           f"logit scale {SCALE}; median of {args.reps}")
 
-    def timed(step: Callable[[Any], Any], setup: Callable[[], Any]) -> float:
-        samples = []
-        for rep in range(args.reps + 3):
-            state = setup()
-            if cuda:
-                torch.cuda.synchronize()
-                begin, end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))
-                begin.record()
-                step(state)
-                end.record()
-                torch.cuda.synchronize()
-                ms = begin.elapsed_time(end)
-            else:
-                began = time.perf_counter()
-                step(state)
-                ms = (time.perf_counter() - began) * 1e3
-            if rep >= 3:
-                samples.append(ms)
-        return statistics.median(samples)
+    def timed(step, setup) -> float:
+        return kernel_loops.single_calls(torch, step, setup, args.reps, cuda)
 
     def cegen_loss(x: Any, labels: Any, scale: float) -> Any:
         return cegen.cross_entropy(x, labels, logit_scale=scale)
@@ -133,7 +115,7 @@ def main() -> int:
             failures += library == "cegen" and not ok
             print(f"|  | loss vs float64 | {library} | max abs error {error:.3g} | "
                   f"{'ok' if ok else 'over 1e-5'} | | |")
-        del base
+        base = None  # released before the next shape's
         if cuda:
             torch.cuda.empty_cache()
     print(f"{failures} cegen numerics failures")

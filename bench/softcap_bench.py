@@ -14,12 +14,13 @@ against issue 17's 1.05) as a PNG (matplotlib, where available).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+import kernel_loops  # noqa: E402  (bench/, the script's own folder)
 
 DEFAULT_SHAPES = "8192x128256,16384x32000,4096x151936,8192x50304,32768x128256"
 CAP, SCALE = 30.0, 1.0
@@ -49,25 +50,7 @@ def main() -> int:
           f"cap {CAP}, scale {SCALE}; median of {args.reps}")
 
     def timed(step, setup) -> float:
-        samples = []
-        for rep in range(args.reps + 3):
-            state = setup()
-            if cuda:
-                torch.cuda.synchronize()
-                begin, end = (torch.cuda.Event(enable_timing=True),
-                              torch.cuda.Event(enable_timing=True))
-                begin.record()
-                step(state)
-                end.record()
-                torch.cuda.synchronize()
-                ms = begin.elapsed_time(end)
-            else:
-                start = time.perf_counter()
-                step(state)
-                ms = (time.perf_counter() - start) * 1e3
-            if rep >= 3:
-                samples.append(ms)
-        return statistics.median(samples)
+        return kernel_loops.single_calls(torch, step, setup, args.reps, cuda)
 
     failures = 0
     ratios = {"forward": [], "backward": [], "fused": []}

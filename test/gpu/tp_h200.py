@@ -279,6 +279,34 @@ def run_bench(rank: int, world: int, group: Any, megatron: bool, out: Dict[str, 
     out["shape"] = {"S": S, "B": B, "V": V, "V_local": local}
 
 
+def megatron_group(world: int, result: Dict[str, Any]) -> Any:
+    """Megatron-Core's tensor-parallel group of ``world`` ranks (``initialize_model_parallel``),
+    or None with the reason in ``result["megatron_error"]``."""
+    try:
+        from megatron.core import parallel_state
+        parallel_state.initialize_model_parallel(world, 1, create_gloo_process_groups=False)
+        return parallel_state.get_tensor_model_parallel_group()
+    except Exception:  # noqa: BLE001 - recorded, the rest runs without it
+        result["megatron_error"] = traceback.format_exc()[-2000:]
+        return None
+
+
+def finish_rank(args: argparse.Namespace, result: Dict[str, Any], bench: Any, name: str) -> None:
+    """Runs ``bench(out)`` unless ``--no-bench`` (an exception is recorded), then writes this
+    rank's ``result`` as ``OUT/name`` and leaves the process group."""
+    import torch.distributed as dist
+    out: Dict[str, Any] = {}
+    if not args.no_bench:
+        try:
+            bench(out)
+        except Exception:  # noqa: BLE001
+            result["bench_error"] = traceback.format_exc()[-3000:]
+    result["bench"] = out
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / name).write_text(json.dumps(result, indent=1))
+    dist.destroy_process_group()
+
+
 def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -293,32 +321,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     result: Dict[str, Any] = {"rank": rank, "device": torch.cuda.get_device_name(rank)}
-    megatron = False
-    group = None
-    try:
-        if args.megatron:
-            from megatron.core import parallel_state
-            parallel_state.initialize_model_parallel(world, 1, create_gloo_process_groups=False)
-            group = parallel_state.get_tensor_model_parallel_group()
-            megatron = True
-    except Exception:  # noqa: BLE001 - recorded, the rest runs without it
-        result["megatron_error"] = traceback.format_exc()[-2000:]
+    group = megatron_group(world, result) if args.megatron else None
+    megatron = group is not None
     checks: List[Dict[str, Any]] = []
     try:
         run_checks(rank, world, group, megatron, checks)
     except Exception:  # noqa: BLE001
         result["checks_error"] = traceback.format_exc()[-3000:]
     result["checks"] = checks
-    bench: Dict[str, Any] = {}
-    if not args.no_bench:
-        try:
-            run_bench(rank, world, group, megatron, bench)
-        except Exception:  # noqa: BLE001
-            result["bench_error"] = traceback.format_exc()[-3000:]
-    result["bench"] = bench
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"tp_rank{rank}.json").write_text(json.dumps(result, indent=1))
-    dist.destroy_process_group()
+    finish_rank(args, result, lambda out: run_bench(rank, world, group, megatron, out),
+                f"tp_rank{rank}.json")
 
 
 def report(args: argparse.Namespace, world: int) -> int:

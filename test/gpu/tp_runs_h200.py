@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -48,14 +47,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from tp_h200 import _free_port, finish_rank, megatron_group  # noqa: E402 (test/gpu/)
+
 REPO = Path(__file__).resolve().parent.parent.parent
 IGNORE = -100
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _labels(torch: Any, count: int, vocab: int, gen: Any, device: Any) -> Any:
@@ -356,13 +351,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
     group = dist.group.WORLD
     megatron = False
     if args.megatron:
-        try:
-            from megatron.core import parallel_state
-            parallel_state.initialize_model_parallel(world, 1, create_gloo_process_groups=False)
-            group = parallel_state.get_tensor_model_parallel_group()
-            megatron = True
-        except Exception:  # noqa: BLE001 - recorded, the rest runs without it
-            result["megatron_error"] = traceback.format_exc()[-2000:]
+        tp_group = megatron_group(world, result)
+        if tp_group is not None:
+            group, megatron = tp_group, True
     checks: List[Dict[str, Any]] = []
     parts = [("linear", check_linear), ("outputs", check_outputs)]
     if cuda:
@@ -374,16 +365,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
             result[f"{name}_error"] = traceback.format_exc()[-3000:]
         print(f"rank {rank}: {name} done", flush=True)
     result["checks"] = checks
-    bench: Dict[str, Any] = {}
-    if not args.no_bench:
-        try:
-            bench_linear(torch, rank, world, group, device, megatron, bench)
-        except Exception:  # noqa: BLE001
-            result["bench_error"] = traceback.format_exc()[-3000:]
-    result["bench"] = bench
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"tp_runs_rank{rank}.json").write_text(json.dumps(result, indent=1))
-    dist.destroy_process_group()
+    finish_rank(args, result,
+                lambda out: bench_linear(torch, rank, world, group, device, megatron, out),
+                f"tp_runs_rank{rank}.json")
 
 
 def report(args: argparse.Namespace, world: int) -> int:
