@@ -15,7 +15,9 @@ tokens on both ranks. For overwrite-input off and on, the whole forward/backward
 Megatron's own loss and then with the patch (``--use-turbo-cross-entropy`` through
 ``add_turbo_ce_args``): the per-token loss [b, s] within 1e-3, every parameter's gradient within a
 small relative error, no fallback logged, and with overwrite-input the gradient reaching the
-output layer lives in the logits' own storage.
+output layer lives in the logits' own storage. Then with ``--turbo-ce-fuse-output-layer`` too
+(the output layer and the loss together, ``cegen.linear_cross_entropy`` over the rank's weight
+slice): the same loss and gradients, and the output layer's own forward never runs.
 """
 
 from __future__ import annotations
@@ -106,11 +108,15 @@ def run(rank: int, world: int, args: argparse.Namespace, out: Dict[str, Any]) ->
     want_loss, want_grads, want_seen = loss_and_grads()
     out["logits_shape_per_rank"] = want_seen["logits_shape"]
     out["cases"] = []
-    for overwrite in (False, True):
+    # The loss patch without and with overwrite-input, then the fused output layer (issue 21,
+    # run 4: the output layer's GEMM and the loss together, the output layer's own forward
+    # never run).
+    for overwrite, fuse in ((False, False), (True, False), (False, True)):
         parser = argparse.ArgumentParser(allow_abbrev=False)
         parser.add_argument("--cross-entropy-loss-fusion", action="store_true")
         argv = ["--cross-entropy-loss-fusion", "--use-turbo-cross-entropy"]
         argv += ["--turbo-ce-overwrite-input"] if overwrite else []
+        argv += ["--turbo-ce-fuse-output-layer"] if fuse else []
         parsed = turbo_ce.add_turbo_ce_args(parser, argv=argv).parse_args(argv)
         installed = turbo_ce.install(parsed)
         try:
@@ -124,8 +130,11 @@ def run(rank: int, world: int, args: argparse.Namespace, out: Dict[str, Any]) ->
         loss_diff = float((got_loss - want_loss).abs().max())
         worst = max(rel, key=rel.get)
         in_place = seen.get("grad_ptr") == seen.get("logits_ptr")
-        ok = (installed and loss_diff < 1e-3 and rel[worst] < 2e-2 and in_place == overwrite)
-        out["cases"].append({"overwrite": overwrite, "installed": installed,
+        layout_ok = "logits_ptr" not in seen if fuse else in_place == overwrite
+        ok = installed and loss_diff < 1e-3 and rel[worst] < 2e-2 and layout_ok
+        out["cases"].append({"overwrite": overwrite, "fuse_output_layer": fuse,
+                             "output_layer_forward_ran": "logits_ptr" in seen,
+                             "installed": installed,
                              "loss_max_diff": loss_diff, "worst_grad": worst,
                              "worst_grad_rel": rel[worst],
                              "output_layer_grad_rel": rel.get("module.output_layer.weight"),
@@ -164,10 +173,11 @@ def main() -> int:
     parser.add_argument("--bundles", nargs="+", required=True)
     parser.add_argument("--megatron", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--world", type=int, default=2, help="1: a check of the script itself")
     args = parser.parse_args()
     import torch
     import torch.multiprocessing as mp
-    world = 2
+    world = args.world
     if torch.cuda.device_count() < world:
         print(f"needs {world} GPUs, found {torch.cuda.device_count()}")
         return 2
