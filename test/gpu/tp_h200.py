@@ -223,7 +223,7 @@ def run_bench(rank: int, world: int, group: Any, megatron: bool, out: Dict[str, 
     def fwd():
         return tp._sharded_forward(logits, labels, group, rank, world, options)
 
-    loss, lse = fwd()
+    loss, lse, lse_low = fwd()  # (loss, lse, lse's low part): tensor_parallel._sharded_forward
     gathered = torch.zeros(world, B, S, 4, device=dev.device)
     _kernels.shard_stats(logits, labels, options, out=gathered[rank])
 
@@ -239,11 +239,11 @@ def run_bench(rank: int, world: int, group: Any, megatron: bool, out: Dict[str, 
         _kernels.shard_stats(logits, labels, options, out=gathered[rank])
 
     def bwd_ow():
-        _kernels.backward(logits, labels, lse, g, options, overwrite=True)
+        _kernels.backward(logits, labels, lse, g, options, overwrite=True, lse_low=lse_low)
 
     def fwd_bwd_ow():
-        loss_, lse_ = fwd()
-        _kernels.backward(logits, labels, lse_, g, options, overwrite=True)
+        loss_, lse_, low_ = fwd()
+        _kernels.backward(logits, labels, lse_, g, options, overwrite=True, lse_low=low_)
 
     rows = {}
     for name, step in (("cegen tp fwd", fwd), ("cegen shard_stats kernel", stats_only),
