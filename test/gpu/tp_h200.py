@@ -33,12 +33,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import socket
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IGNORE = -100
@@ -196,7 +195,6 @@ def run_checks(rank: int, world: int, group: Any, megatron: bool, out: List[Dict
 def run_bench(rank: int, world: int, group: Any, megatron: bool, out: Dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
-    import cegen
     from cegen import _kernels
     from cegen import tensor_parallel as tp
     sys.path.insert(0, str(REPO / "bench"))
@@ -274,7 +272,7 @@ def run_bench(rank: int, world: int, group: Any, megatron: bool, out: Dict[str, 
     dst = torch.empty_like(src)
     copy = time_step(dev, lambda: dst.copy_(src), None, 20)
     out["copy_TBps"] = 2 * src.numel() / copy["ms"] / 1e9
-    del src, dst
+    src = dst = None  # released before the next part
     out["rows"] = rows
     out["shape"] = {"S": S, "B": B, "V": V, "V_local": local}
 
