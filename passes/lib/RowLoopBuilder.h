@@ -14,6 +14,7 @@
 #include "mlir/Dialect/SCF/IR/SCF.h"
 #include "mlir/IR/ImplicitLocOpBuilder.h"
 #include "mlir/IR/Value.h"
+#include "llvm/ADT/ScopeExit.h"
 #include "llvm/ADT/SmallVector.h"
 
 #include <utility>
@@ -154,6 +155,12 @@ public:
   /// (its ties must go to the lowest index), on for the sweeps that only
   /// sum (the plain statistics, the gradient). Returns the previous value.
   bool setSoftcapSplit(bool split) { return std::exchange(softcapSplit, split); }
+  /// setSoftcapSplit(false) until the returned guard is destroyed, which
+  /// restores the previous value.
+  [[nodiscard]] auto softcapSplitOff() {
+    bool previous = setSoftcapSplit(false);
+    return llvm::scope_exit([this, previous] { setSoftcapSplit(previous); });
+  }
   /// z of `x` (scalar or vector): cap tanh(s x / cap) as cap - 2 cap r
   /// (softcapComplement), `x` itself without a softcap.
   Value softcapLogits(Value x);

@@ -16,8 +16,6 @@
 #include "mlir/Dialect/MemRef/IR/MemRef.h"
 #include "mlir/Dialect/SCF/IR/SCF.h"
 
-#include "llvm/ADT/ScopeExit.h"
-
 namespace mlir::ce::detail {
 
 CrossEntropyLowering::CrossEntropyLowering(ImplicitLocOpBuilder &b,
@@ -438,11 +436,10 @@ RowStats CrossEntropyLowering::statisticsOf(const Token &t, bool withSum,
     return rows.buildStatistics(row, vocab, withSum, shiftedSum);
   // Where an argmax may be taken of z (the outputs' sweeps, and the maximum
   // that the separate outputs sweep looks for), every element's z is built
-  // the same way (RowLoopBuilder::setSoftcapSplit); the plain sweep of the
+  // the same way (RowLoopBuilder::softcapSplitOff); the plain sweep of the
   // accumulating kernels keeps the split.
   if (!accumulateOutputs) {
-    bool split = rows.setSoftcapSplit(false);
-    llvm::scope_exit restore([&] { rows.setSoftcapSplit(split); });
+    auto splitOff = rows.softcapSplitOff();
     return rows.buildStatistics(row, vocab, withSum, shiftedSum);
   }
   // The flags are uniform over the workgroup, so is the branch.
@@ -450,8 +447,7 @@ RowStats CrossEntropyLowering::statisticsOf(const Token &t, bool withSum,
       b, outputsWanted(entropyOut, argmaxOut),
       RowStats::fieldTypes(b, withSum, true),
       [&] {
-        bool split = rows.setSoftcapSplit(false);
-        llvm::scope_exit restore([&] { rows.setSoftcapSplit(split); });
+        auto splitOff = rows.softcapSplitOff();
         return rows
             .buildStatistics(row, vocab, withSum, shiftedSum,
                              /*withOutputs=*/true)
@@ -473,9 +469,10 @@ void CrossEntropyLowering::buildOutputs(const Token &t, const RowStats &stats,
   if (!entropyOut && !argmaxOut)
     return;
   buildIf(b, outputsWanted(entropyOut, argmaxOut), [&] {
-    bool split = rows.setSoftcapSplit(false);
-    RowOutputs outputs = rows.buildOutputs(rowOf(logits, t), vocab, stats);
-    rows.setSoftcapSplit(split);
+    RowOutputs outputs = [&] {
+      auto splitOff = rows.softcapSplitOff();
+      return rows.buildOutputs(rowOf(logits, t), vocab, stats);
+    }();
     leaderOnly([&] {
       if (entropyOut)
         buildIf(b, inForce(kFlagEntropy), [&] {

@@ -331,20 +331,27 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
                 f"tp_rank{rank}.json")
 
 
-def report(args: argparse.Namespace, world: int) -> int:
-    results = [json.loads((Path(args.out) / f"tp_rank{r}.json").read_text()) for r in range(world)]
+def report_checks(results: List[Dict[str, Any]], show_passed: bool = False) -> int:
+    """Prints each rank's errors (a part that raised; Megatron's absence is not a failure)
+    and failed checks (every check with ``show_passed``); returns the failures."""
     failed = 0
     for result in results:
-        for key in ("megatron_error", "checks_error", "bench_error"):
-            if key in result:
-                print(f"rank {result['rank']} {key}:\n{result[key]}")
-                failed += key != "megatron_error"
+        for key in sorted(k for k in result if k.endswith("_error")):
+            print(f"rank {result['rank']} {key}:\n{result[key]}")
+            failed += key != "megatron_error"
         for check in result["checks"]:
-            if not check["ok"]:
-                failed += 1
-                print("FAILED", result["rank"], check)
+            if show_passed or not check["ok"]:
+                print(("ok    " if check["ok"] else "FAIL  ") + f"rank {result['rank']} "
+                      f"{check.get('name', '')}: {check.get('errors', check)}")
+            failed += not check["ok"]
         print(f"rank {result['rank']}: {sum(c['ok'] for c in result['checks'])}/"
               f"{len(result['checks'])} checks passed")
+    return failed
+
+
+def report(args: argparse.Namespace, world: int) -> int:
+    results = [json.loads((Path(args.out) / f"tp_rank{r}.json").read_text()) for r in range(world)]
+    failed = report_checks(results)
     benches = [r["bench"] for r in results if r["bench"]]
     if benches and all("rows" in b for b in benches):
         shape = benches[0]["shape"]

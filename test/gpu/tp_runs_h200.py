@@ -47,7 +47,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from tp_h200 import _free_port, finish_rank, megatron_group  # noqa: E402 (test/gpu/)
+from tp_h200 import _free_port, finish_rank, megatron_group, report_checks  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 IGNORE = -100
@@ -373,17 +373,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace) -> None:
 def report(args: argparse.Namespace, world: int) -> int:
     results = [json.loads((Path(args.out) / f"tp_runs_rank{r}.json").read_text())
                for r in range(world)]
-    failed = 0
-    for result in results:
-        for key in sorted(k for k in result if k.endswith("_error")):
-            print(f"rank {result['rank']} {key}:\n{result[key]}")
-            failed += key != "megatron_error"
-        for check in result["checks"]:
-            print(("ok    " if check["ok"] else "FAIL  ") + f"rank {result['rank']} "
-                  f"{check['name']}: {check['errors']}")
-            failed += not check["ok"]
-        print(f"rank {result['rank']}: {sum(c['ok'] for c in result['checks'])}/"
-              f"{len(result['checks'])} checks passed")
+    failed = report_checks(results, show_passed=True)
     benches = [r["bench"] for r in results if r.get("bench")]
     if benches and all("rows" in b for b in benches):
         shape = benches[0]["shape"]
